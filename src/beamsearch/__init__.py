@@ -1,0 +1,21 @@
+"""beamsearch: vectorized beam search, greedy search and sampling for any PyTorch sequence model.
+
+Public names only; see the README for examples.
+"""
+
+from .engine import search
+from .options import SearchOptions
+from .results import FinishReason, SearchResult
+
+__all__ = ["FinishReason", "SearchOptions", "SearchResult", "generate", "search"]
+__version__ = "0.1.0"
+
+
+def generate(model, inputs=None, generation_config=None, logits_processor=None, stopping_criteria=None, **kwargs):
+    """Drop-in for ``model.generate(...)`` on Hugging Face models (needs ``beamsearch[hf]``).
+
+    See :func:`beamsearch.adapters.hf.generate`.
+    """
+    from .adapters.hf import generate as hf_generate
+
+    return hf_generate(model, inputs, generation_config, logits_processor, stopping_criteria, **kwargs)

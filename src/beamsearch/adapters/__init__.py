@@ -1,0 +1,1 @@
+"""Model adapters: hf.py (Hugging Face transformers, imported lazily)."""

@@ -1,0 +1,245 @@
+"""Hugging Face transformers models: a drop-in ``generate(model, **same kwargs as model.generate)``.
+
+The model's own preparation methods (generation config merging, special tokens, attention masks,
+encoder run, decoder start tokens, cache creation, ``prepare_inputs_for_generation``) are called
+in the order ``model.generate`` calls them, so every model family keeps its quirks; the search
+itself (processors, strategy, stopping) is ours. The encoder runs once per example; the KV cache
+is reused across steps and reordered through the cache's own ``reorder_cache``.
+
+Legend: B batch, K rows per example, N = B*K, V vocabulary, t tokens so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import torch
+
+from ..engine import search
+from ..options import UNSUPPORTED_OPTIONS, SearchOptions
+
+# generate() arguments that change results and that we do not implement.
+_REJECTED_ARGUMENTS = (
+    "prefix_allowed_tokens_fn",
+    "assistant_model",
+    "assistant_tokenizer",
+    "negative_prompt_ids",
+    "negative_prompt_attention_mask",
+    "custom_generate",
+    "synced_gpus",
+    "streamer",
+)
+_SEARCH_FIELDS = tuple(f.name for f in dataclasses.fields(SearchOptions))
+
+
+class HFState:
+    """The model kwargs of a Hugging Face model between steps: cache, masks, encoder outputs.
+
+    ``reorder(index)`` gathers every row-indexed tensor (rows first; 3-d ``position_ids`` on dim 1)
+    and reorders a non-empty cache in place with ``cache.reorder_cache``.
+    """
+
+    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any):
+        self.model = model
+        self.model_kwargs = model_kwargs
+        self.generation_config = generation_config
+        self.prefilled = False
+
+    def reorder(self, index: torch.Tensor) -> HFState:
+        for key, value in list(self.model_kwargs.items()):
+            if key == "cache_position" or value is None:
+                continue
+            if hasattr(value, "reorder_cache"):
+                if value.get_seq_length() > 0:
+                    value.reorder_cache(index)
+            elif key == "encoder_outputs":
+                for name, tensor in list(value.items()):
+                    if isinstance(tensor, torch.Tensor):
+                        value[name] = tensor.index_select(0, index)
+            elif isinstance(value, torch.Tensor) and value.dim() > 0:
+                dim = 1 if key == "position_ids" and value.dim() == 3 else 0
+                self.model_kwargs[key] = value.index_select(dim, index)
+        return self
+
+
+def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState]:
+    """One forward of the model on the new tokens (the whole prompt first, then one token with the cache)."""
+    model, kwargs = state.model, state.model_kwargs
+    if not state.prefilled:
+        outputs = model._prefill(tokens, state.generation_config, kwargs)
+        state.prefilled = True
+    else:
+        next_length = 1 if kwargs.get("use_cache", True) else None
+        inputs = model.prepare_inputs_for_generation(tokens, next_sequence_length=next_length, **kwargs)
+        outputs = model(**inputs, return_dict=True)
+    state.model_kwargs = model._update_model_kwargs_for_generation(
+        outputs, kwargs, is_encoder_decoder=model.config.is_encoder_decoder
+    )
+    logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=tokens.device)  # [N, V]
+    return logits, state
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    inputs: torch.Tensor | None = None,
+    generation_config: Any = None,
+    logits_processor: Any = None,
+    stopping_criteria: Any = None,
+    **kwargs: Any,
+):
+    """Generate like ``model.generate(...)`` with the same arguments, returning the same types.
+
+    Returns the sequences tensor ``[B*n, T]``, or with ``return_dict_in_generate=True`` the same
+    output class as transformers (``sequences``, ``sequences_scores``, ``scores``, ``logits``,
+    ``beam_indices``).
+
+    Raises:
+        ValueError: an argument or generation option we do not implement (named in the message).
+    """
+    for name in _REJECTED_ARGUMENTS:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"generate() argument {name!r} is not supported by beamsearch")
+    if kwargs.pop("trust_remote_code", None):
+        raise ValueError("beamsearch never enables trust_remote_code")
+    tokenizer = kwargs.pop("tokenizer", None)
+    setup = _prepare(model, inputs, generation_config, kwargs)
+    config = setup["generation_config"]
+    options = _options_from_config(config)
+    result = search(
+        hf_step,
+        setup["input_ids"],
+        HFState(model, setup["model_kwargs"], config),
+        logits_processor=list(logits_processor or ()),
+        stopping_criteria=list(stopping_criteria or ()),
+        tokenizer=tokenizer,
+        padding_lengths=setup["padding_lengths"],
+        options=options,
+        fill_token_id=_fill_token(config, options),
+    )
+    from .hf_outputs import to_hf_output
+
+    return to_hf_output(model, config, options, result)
+
+
+def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Everything ``model.generate`` does before its decoding loop, except expanding to beams."""
+    has_default_max_length = (
+        kwargs.get("max_length") is None
+        and (generation_config is None or generation_config.max_length is None)
+        and model.generation_config.max_length is None
+    )
+    has_default_min_length = (
+        kwargs.get("min_length") is None
+        and (generation_config is None or generation_config.min_length is None)
+        and model.generation_config.min_length is None
+    )
+    config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    _check_config(config)
+    model._validate_model_kwargs(model_kwargs.copy())
+    kwargs_has_attention_mask = model_kwargs.get("attention_mask", None) is not None
+    inputs_tensor, input_name, model_kwargs = model._prepare_model_inputs(inputs, config.bos_token_id, model_kwargs)
+    if input_name != "input_ids":
+        raise ValueError(f"beamsearch.generate needs token ids as input, got {input_name!r}")
+    batch_size = inputs_tensor.shape[0]
+    model._prepare_special_tokens(config, kwargs_has_attention_mask, device=inputs_tensor.device, batch_size=batch_size)
+    is_encoder_decoder = model.config.is_encoder_decoder
+    forward_args = set(inspect.signature(model.forward).parameters)
+    if not kwargs_has_attention_mask and not is_encoder_decoder and "attention_mask" in forward_args:
+        model_kwargs["attention_mask"] = model._prepare_attention_mask_for_generation(
+            inputs_tensor, config, model_kwargs
+        )
+    if model_kwargs.get("position_ids") is None and "position_ids" in forward_args and not is_encoder_decoder:
+        model_kwargs["position_ids"] = model._prepare_position_ids_for_generation(inputs_tensor, model_kwargs)
+    mask = model_kwargs.get("decoder_attention_mask" if is_encoder_decoder else "attention_mask")
+    padding_lengths = (mask != 0).int().argmax(dim=1) if mask is not None else None
+    if not is_encoder_decoder and "attention_mask" in forward_args and (model_kwargs["attention_mask"] == 1).all():
+        config._mask_length = model_kwargs["attention_mask"].shape[1]
+        model_kwargs["attention_mask"] = None
+    if model_kwargs.get("encoder_outputs") is None:
+        model_kwargs = model._maybe_prepare_encoder_kwargs_for_generation(inputs_tensor, model_kwargs, input_name, config)
+    if is_encoder_decoder:
+        input_ids, model_kwargs = model._prepare_decoder_input_ids_for_generation(
+            batch_size=batch_size,
+            model_input_name=input_name,
+            model_kwargs=model_kwargs,
+            decoder_start_token_id=config._decoder_start_token_tensor,
+            device=inputs_tensor.device,
+        )
+    else:
+        input_ids = inputs_tensor
+    config = model._prepare_generated_length(
+        generation_config=config,
+        has_default_max_length=has_default_max_length,
+        has_default_min_length=has_default_min_length,
+        model_input_name=input_name,
+        inputs_tensor=inputs_tensor,
+        input_ids_length=input_ids.shape[1],
+    )
+    if model._supports_logits_to_keep() and "logits_to_keep" not in model_kwargs:
+        model_kwargs["logits_to_keep"] = 1
+    model._validate_generated_length(config, input_ids.shape[1], has_default_max_length)
+    mode = config.get_generation_mode()
+    model._prepare_cache_for_generation(config, model_kwargs, mode, batch_size, config.max_length - 1)
+    model_kwargs["use_cache"] = config.use_cache
+    return {
+        "generation_config": config,
+        "model_kwargs": model_kwargs,
+        "input_ids": input_ids,
+        "padding_lengths": padding_lengths,
+    }
+
+
+def _check_config(config: Any) -> None:
+    """Reject any generation option that would change results and that we do not implement."""
+    for name in UNSUPPORTED_OPTIONS:
+        value = getattr(config, name, None)
+        if value is None or value is False or (name == "num_beam_groups" and value == 1):
+            continue
+        if name in ("diversity_penalty",) and value == 0.0:
+            continue
+        raise ValueError(f"generation option {name!r} is not supported by beamsearch (it would change results)")
+    for name in ("use_mtp", "assistant_early_exit"):
+        if getattr(config, name, None):
+            raise ValueError(f"generation option {name!r} is not supported by beamsearch")
+    if getattr(config, "cache_implementation", None) not in (None, "dynamic"):
+        raise ValueError(f"cache_implementation={config.cache_implementation!r} is not supported by beamsearch")
+
+
+def _options_from_config(config: Any) -> SearchOptions:
+    values = {name: getattr(config, name) for name in _SEARCH_FIELDS if hasattr(config, name)}
+    values["eos_token_id"] = _token_list(config._eos_token_tensor)
+    values["pad_token_id"] = _token_int(config._pad_token_tensor)
+    values["bos_token_id"] = _token_int(config._bos_token_tensor)
+    values["output_scores"] = bool(config.return_dict_in_generate and config.output_scores)
+    values["output_logits"] = bool(config.return_dict_in_generate and config.output_logits)
+    for name, default in (("min_length", 0), ("top_p", 1.0), ("typical_p", 1.0), ("temperature", 1.0),
+                          ("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0), ("epsilon_cutoff", 0.0),
+                          ("eta_cutoff", 0.0), ("length_penalty", 1.0), ("early_stopping", False),
+                          ("num_beams", 1), ("num_return_sequences", 1), ("do_sample", False),
+                          ("renormalize_logits", False), ("remove_invalid_values", False)):
+        if values.get(name) is None:
+            values[name] = default
+    if not values["eos_token_id"]:
+        values["min_length"] = 0  # transformers ignores min_length without an eos token
+        values["min_new_tokens"] = None
+    return SearchOptions.create(**values)
+
+
+def _fill_token(config: Any, options: SearchOptions) -> int:
+    """transformers' fill value: pad (or the first eos when pad is 0 or unset) for beams; -1 without eos."""
+    if options.num_beams > 1:
+        if not options.eos_token_id:
+            return -1
+        return options.pad_token_id or options.eos_token_id[0]
+    return options.pad_token_id if options.pad_token_id is not None else 0
+
+
+def _token_list(tensor: Any) -> tuple[int, ...] | None:
+    return None if tensor is None else tuple(int(t) for t in tensor.reshape(-1).tolist())
+
+
+def _token_int(tensor: Any) -> int | None:
+    return None if tensor is None else int(tensor.reshape(-1)[0])

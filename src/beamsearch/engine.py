@@ -1,0 +1,97 @@
+"""``search()``: options -> processors, stopping criteria and a strategy -> the decode loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .loop import StepFn, decode
+from .options import SearchOptions
+from .processors import build_processors
+from .results import SearchResult
+from .stopping import build_stopping_criteria
+from .strategies.base import StepTrace
+from .strategies.beam import BeamSearch
+from .strategies.sampling import SamplingSearch
+
+
+def search(
+    step: StepFn,
+    input_ids: torch.Tensor,
+    state: Any = None,
+    *,
+    logits_processor: Sequence[Any] = (),
+    stopping_criteria: Sequence[Any] = (),
+    tokenizer: Any = None,
+    padding_lengths: torch.Tensor | None = None,
+    options: SearchOptions | None = None,
+    fill_token_id: int | None = None,
+    **kwargs: Any,
+) -> SearchResult:
+    """Decode with any model through one step function.
+
+    Args:
+        step: ``(tokens: LongTensor [N, t], state) -> (logits: FloatTensor [N, V], state)``, where N is
+            the number of rows being decoded (batch x beams). The state is any nesting of dicts, lists,
+            tuples and dataclasses of tensors whose first dimension is N, or an object with a
+            ``reorder(index)`` method; the engine expands it to beams once and reorders it by parent
+            rows after each step.
+        input_ids: LongTensor ``[B, t0]`` of start tokens, ``t0 >= 1``.
+        state: the model state for the B examples (row dimension first), or None.
+        logits_processor: extra processors ``(input_ids [N, t], scores [N, V]) -> scores``, merged
+            after the built-in ones as in Hugging Face (one of the same type replaces the built-in).
+        stopping_criteria: extra criteria ``(input_ids [N, t], scores) -> BoolTensor [N]``.
+        tokenizer: needed for ``stop_strings``.
+        padding_lengths: LongTensor ``[B]`` of left-padding positions per example (for
+            ``repetition_penalty``, which ignores them as Hugging Face does).
+        options: a prepared :class:`SearchOptions`; otherwise built from ``kwargs``.
+        fill_token_id: the token that pads returned sequences (default: pad, else first eos, else 0).
+        **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
+            ``eos_token_id``, ``do_sample``, ``temperature``, ...). Unknown ones raise ValueError.
+
+    Returns:
+        A :class:`SearchResult` with ``sequences`` ``[B, n, T]``.
+    """
+    if options is None:
+        options = SearchOptions.create(**kwargs)
+    elif kwargs:
+        raise ValueError(f"pass options either as `options` or as keywords, not both: {sorted(kwargs)}")
+    _check_input_ids(input_ids)
+    batch_size, prompt_length = input_ids.shape
+    max_length = options.resolved_max_length(prompt_length)
+    rows = options.num_beams if options.num_beams > 1 else options.num_return_sequences
+    if padding_lengths is not None:
+        padding_lengths = padding_lengths.repeat_interleave(rows)
+    processors = build_processors(options, prompt_length, padding_lengths, list(logits_processor))
+    criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
+    trace = StepTrace(options.output_scores, options.output_logits)
+    fill = options.output_fill_token if fill_token_id is None else fill_token_id
+    common = dict(
+        do_sample=options.do_sample,
+        eos_token_id=options.eos_token_id,
+        length_penalty=options.length_penalty,
+        trace=trace,
+    )
+    if options.num_beams > 1:
+        strategy = BeamSearch(
+            input_ids, options.num_beams, max_length, processors, criteria,
+            fill_token_id=fill, early_stopping=options.early_stopping,
+            num_return_sequences=options.num_return_sequences, **common,
+        )
+    else:
+        strategy = SamplingSearch(
+            input_ids, rows, max_length, processors, criteria, pad_token_id=fill, **common
+        )
+    return decode(step, state, strategy, batch_size)
+
+
+def _check_input_ids(input_ids: Any) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a LongTensor of shape [B, t0] with t0 >= 1, got {shape}")
+    if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.shape[0] < 1:
+        raise ValueError("input_ids must hold at least one example (B >= 1)")

@@ -1,0 +1,44 @@
+"""The decode loop: model step -> strategy (processors, selection, stopping) -> state reorder.
+
+Legend: B batch, K rows per example, N = B*K, V vocabulary, t tokens so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .beams import reorder_state
+from .results import SearchResult
+from .strategies.base import Strategy
+
+StepFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+
+
+def decode(step: StepFn, state: Any, strategy: Strategy, batch_size: int) -> SearchResult:
+    """Drive ``step`` until the strategy is done.
+
+    Args:
+        step: ``(tokens [N, t], state) -> (logits [N, V], state)``; the model never sees beams.
+        state: the model state for the ``B`` examples (row dimension first), expanded here to ``N`` rows.
+        strategy: owns the search tensors; returns parent rows after each step.
+        batch_size: B.
+    """
+    device = strategy.tokens().device
+    expand = torch.arange(batch_size, device=device).repeat_interleave(strategy.rows_per_example)  # [N]
+    state = reorder_state(state, expand)
+    while not strategy.is_done():
+        logits, state = step(strategy.tokens(), state)
+        _check_logits(logits, strategy.tokens().shape[0])
+        parents = strategy.advance(logits.float())
+        if parents is not None:
+            state = reorder_state(state, parents)
+    return strategy.result()
+
+
+def _check_logits(logits: torch.Tensor, rows: int) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != rows:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"step must return logits of shape [N={rows}, V], got {shape}")

@@ -1,0 +1,218 @@
+"""One frozen record of search options, validated once, up front.
+
+Option names and defaults are those of Hugging Face ``GenerationConfig`` so that a user can move
+between ``model.generate(**kwargs)`` and ``beamsearch.search(step, ids, **kwargs)`` without renaming
+anything. Every option that would change results but is not implemented is rejected by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+# Generation options we know of but do not implement; passing a non-default value is an error,
+# never a silent no-op.
+UNSUPPORTED_OPTIONS = (
+    "num_beam_groups",
+    "diversity_penalty",
+    "constraints",
+    "force_words_ids",
+    "penalty_alpha",
+    "dola_layers",
+    "guidance_scale",
+    "sequence_bias",
+    "encoder_repetition_penalty",
+    "encoder_no_repeat_ngram_size",
+    "exponential_decay_length_penalty",
+    "prefix_allowed_tokens_fn",
+    "watermarking_config",
+    "top_h",
+    "assistant_model",
+    "prompt_lookup_num_tokens",
+    "negative_prompt_ids",
+    "token_healing",
+    "low_memory",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """Every option of a search. Build with :meth:`SearchOptions.create`, which validates.
+
+    Length limits count the start tokens, as in Hugging Face: ``max_length`` is the total length;
+    ``max_new_tokens``, when given, wins and is resolved against the prompt length by the loop.
+    """
+
+    # length
+    max_length: int = 20
+    max_new_tokens: int | None = None
+    min_length: int = 0
+    min_new_tokens: int | None = None
+    max_time: float | None = None
+    # strategy
+    num_beams: int = 1
+    do_sample: bool = False
+    num_return_sequences: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    # special tokens
+    eos_token_id: tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    # processors
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    bad_words_ids: tuple[tuple[int, ...], ...] | None = None
+    suppress_tokens: tuple[int, ...] | None = None
+    begin_suppress_tokens: tuple[int, ...] | None = None
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: tuple[int, ...] | None = None
+    renormalize_logits: bool = False
+    remove_invalid_values: bool = False
+    # warpers (sampling only)
+    temperature: float = 1.0
+    top_k: int | None = 50
+    top_p: float = 1.0
+    min_p: float | None = None
+    typical_p: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
+    # stopping
+    stop_strings: tuple[str, ...] | None = None
+    # outputs
+    output_scores: bool = False
+    output_logits: bool = False
+
+    @classmethod
+    def create(cls, **kwargs: Any) -> SearchOptions:
+        """Build and validate options from Hugging Face-named keyword arguments.
+
+        Raises:
+            ValueError: an unknown or unsupported option, or a bad value or combination; the
+                message names the option.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        for name, value in kwargs.items():
+            if name in UNSUPPORTED_OPTIONS:
+                if value is None or value is False or (name == "num_beam_groups" and value == 1):
+                    continue
+                raise ValueError(f"option {name!r} is not supported by beamsearch yet (it would change results)")
+            if name not in known:
+                raise ValueError(f"unknown option {name!r}")
+        values = {k: v for k, v in kwargs.items() if k in known}
+        values = _normalize(values)
+        options = cls(**values)
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        """Reject every bad value and incompatible combination with a message naming the option."""
+        _check_int("max_length", self.max_length, minimum=1)
+        if self.max_new_tokens is not None:
+            _check_int("max_new_tokens", self.max_new_tokens, minimum=0)
+        _check_int("min_length", self.min_length, minimum=0)
+        if self.min_new_tokens is not None:
+            _check_int("min_new_tokens", self.min_new_tokens, minimum=0)
+        if self.max_time is not None and not self.max_time > 0:
+            raise ValueError(f"max_time must be > 0, got {self.max_time}")
+        _check_int("num_beams", self.num_beams, minimum=1)
+        _check_int("num_return_sequences", self.num_return_sequences, minimum=1)
+        if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
+            raise ValueError(
+                f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams ({self.num_beams})"
+            )
+        if self.num_beams == 1 and not self.do_sample and self.num_return_sequences > 1:
+            raise ValueError("num_return_sequences > 1 needs num_beams > 1 or do_sample=True (greedy returns one)")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        if not isinstance(self.length_penalty, (int, float)):
+            raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}")
+        for name in ("eos_token_id", "suppress_tokens", "begin_suppress_tokens", "forced_eos_token_id"):
+            for token in getattr(self, name) or ():
+                _check_int(name, token, minimum=0)
+        for name in ("pad_token_id", "bos_token_id", "forced_bos_token_id"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=0)
+        if self.bad_words_ids is not None:
+            if not self.bad_words_ids or any(not seq for seq in self.bad_words_ids):
+                raise ValueError(f"bad_words_ids must be a non-empty list of non-empty lists, got {self.bad_words_ids}")
+            for seq in self.bad_words_ids:
+                for token in seq:
+                    _check_int("bad_words_ids", token, minimum=0)
+        needs_eos = {
+            "min_length": self.min_length > 0,
+            "min_new_tokens": bool(self.min_new_tokens),
+        }
+        for name, used in needs_eos.items():
+            if used and not self.eos_token_id:
+                raise ValueError(f"{name} needs eos_token_id (it works by masking the end-of-sequence token)")
+        if self.repetition_penalty is None or not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
+        self._validate_warpers()
+        if self.stop_strings is not None and (not self.stop_strings or any(not s for s in self.stop_strings)):
+            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+
+    def _validate_warpers(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k is not None:
+            _check_int("top_k", self.top_k, minimum=0)
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 < self.typical_p <= 1:
+            raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p}")
+        if not 0 <= self.epsilon_cutoff < 1:
+            raise ValueError(f"epsilon_cutoff must be in [0, 1), got {self.epsilon_cutoff}")
+        if not 0 <= self.eta_cutoff < 1:
+            raise ValueError(f"eta_cutoff must be in [0, 1), got {self.eta_cutoff}")
+
+    def resolved_max_length(self, prompt_length: int) -> int:
+        """The total length limit once ``max_new_tokens`` is applied to a prompt of that length."""
+        if self.max_new_tokens is not None:
+            return prompt_length + self.max_new_tokens
+        return self.max_length
+
+    @property
+    def output_fill_token(self) -> int:
+        """The token that pads finished and shorter hypotheses in the returned sequences."""
+        if self.pad_token_id is not None:
+            return self.pad_token_id
+        if self.eos_token_id:
+            return self.eos_token_id[0]
+        return 0
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _as_tuple(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(value)
+
+
+def _normalize(values: dict[str, Any]) -> dict[str, Any]:
+    """Turn the list-or-int forms Hugging Face accepts into tuples (the record is frozen and hashable)."""
+    for name in ("eos_token_id", "suppress_tokens", "begin_suppress_tokens", "forced_eos_token_id"):
+        if name in values:
+            values[name] = _as_tuple(values[name])
+    if values.get("bad_words_ids") is not None:
+        words = values["bad_words_ids"]
+        if not isinstance(words, Sequence) or isinstance(words, (str, bytes)):
+            raise ValueError(f"bad_words_ids must be a list of lists of token ids, got {words!r}")
+        values["bad_words_ids"] = tuple(_as_tuple(w) if not isinstance(w, int) else (w,) for w in words)
+    if isinstance(values.get("stop_strings"), str):
+        values["stop_strings"] = (values["stop_strings"],)
+    elif values.get("stop_strings") is not None:
+        values["stop_strings"] = tuple(values["stop_strings"])
+    return values

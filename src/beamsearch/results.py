@@ -1,0 +1,83 @@
+"""The result of a search: tensors, with views for Hugging Face output classes and JSON.
+
+Legend: B batch, n returned hypotheses per example, T total length (start tokens included),
+T' = T - prompt_length generated positions, N rows decoded per step, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import torch
+
+
+class FinishReason(enum.IntEnum):
+    """Why a hypothesis ended; stored as integer codes in :attr:`SearchResult.finish_reason`."""
+
+    NONE = 0  # still running when the search stopped (e.g. another example hit max_time)
+    EOS = 1  # it produced an end-of-sequence token
+    MAX_LENGTH = 2  # it reached max_length / max_new_tokens
+    STOP_CRITERION = 3  # a stop string, max_time or a user stopping criterion
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """Everything a search returns.
+
+    Attributes:
+        sequences: LongTensor ``[B, n, T]``, start tokens included, padded with the fill token.
+        sequences_scores: FloatTensor ``[B, n]``: the score used for ranking (for beam search,
+            the sum of log-probs divided by ``generated_length ** length_penalty``).
+        sum_log_probs: FloatTensor ``[B, n]``: the raw sum of the chosen tokens' log-probs.
+        token_log_probs: FloatTensor ``[B, n, T']``: each chosen token's log-prob, 0 after the end.
+        lengths: LongTensor ``[B, n]``: total length of each hypothesis (start tokens and EOS included).
+        finish_reason: LongTensor ``[B, n]`` of :class:`FinishReason` codes.
+        prompt_length: number of start tokens.
+        scores: per step, the processed scores ``[N, V]`` (only with ``output_scores``).
+        logits: per step, the raw logits ``[N, V]`` (only with ``output_logits``).
+        beam_indices: LongTensor ``[B, n, T']`` of the flat row each token was chosen from (beam
+            search only), -1 after the end.
+    """
+
+    sequences: torch.Tensor
+    sequences_scores: torch.Tensor
+    sum_log_probs: torch.Tensor
+    token_log_probs: torch.Tensor
+    lengths: torch.Tensor
+    finish_reason: torch.Tensor
+    prompt_length: int
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
+    beam_indices: torch.Tensor | None = None
+
+    @property
+    def best(self) -> torch.Tensor:
+        """LongTensor ``[B, T]``: the best hypothesis of each example."""
+        return self.sequences[:, 0]
+
+    def to_dicts(self, decode: Any = None) -> list[list[dict[str, Any]]]:
+        """A JSON-ready view: per example, per hypothesis, its tokens, score, log-probs and finish reason.
+
+        Args:
+            decode: optional callable turning a list of generated token ids into text.
+        """
+        out = []
+        for b in range(self.sequences.shape[0]):
+            hyps = []
+            for j in range(self.sequences.shape[1]):
+                length = int(self.lengths[b, j])
+                generated = self.sequences[b, j, self.prompt_length : length].tolist()
+                hyp = {
+                    "tokens": generated,
+                    "score": float(self.sequences_scores[b, j]),
+                    "sum_log_probs": float(self.sum_log_probs[b, j]),
+                    "token_log_probs": self.token_log_probs[b, j, : len(generated)].tolist(),
+                    "finish_reason": FinishReason(int(self.finish_reason[b, j])).name.lower(),
+                }
+                if decode is not None:
+                    hyp["text"] = decode(generated)
+                hyps.append(hyp)
+            out.append(hyps)
+        return out

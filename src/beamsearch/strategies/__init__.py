@@ -1,0 +1,1 @@
+"""Search strategies: sampling.py (greedy, multinomial), beam.py (beam search, beam sampling)."""

@@ -1,0 +1,174 @@
+"""Beam search and beam sampling over live and finished pools, vectorized over the batch.
+
+The arithmetic follows Hugging Face transformers 5.x beam search exactly (so that tokens and
+scores match): only the first beam is live at step 0, each step keeps C = max(2, 1 + #eos) x K
+candidates, finished candidates among the first K enter a finished pool scored with
+``sum_log_probs / generated_length ** length_penalty``, and ``early_stopping`` (True / False /
+"never") decides when the pool can no longer improve. Masks are large finite negatives (-1e9),
+added, never ``-inf``, as in the reference.
+
+Legend: B batch, K beams, C candidates per example, N = B*K, V vocabulary, L = max_length,
+t tokens so far, t0 start tokens, G = L - t0 generated positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..beams import flatten_beams, gather_beams, unflatten_beams
+from ..results import FinishReason, SearchResult
+from ..stopping import classify_stop
+from .base import StepTrace
+
+MASK = -1.0e9
+
+
+class BeamSearch:
+    """Beam search (``do_sample=False``) or beam sampling (``do_sample=True``)."""
+
+    def __init__(
+        self,
+        input_ids: torch.Tensor,
+        num_beams: int,
+        max_length: int,
+        processors,
+        criteria,
+        *,
+        do_sample: bool,
+        eos_token_id: tuple[int, ...] | None,
+        fill_token_id: int,
+        length_penalty: float,
+        early_stopping: bool | str,
+        num_return_sequences: int,
+        trace: StepTrace,
+    ):
+        b, t0 = input_ids.shape
+        k = num_beams
+        device = input_ids.device
+        self.rows_per_example = k
+        self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
+        self.processors, self.criteria, self.trace = processors, criteria, trace
+        self.do_sample, self.eos_token_id = do_sample, eos_token_id
+        self.length_penalty, self.early_stopping = length_penalty, early_stopping
+        self.num_return_sequences = num_return_sequences
+        self.num_candidates = max(2, 1 + len(eos_token_id or ())) * k
+        g = max(max_length - t0, 0)
+        self.length = t0
+        self.running_sequences = torch.full((b, k, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
+        self.running_sequences[:, :, :t0] = input_ids[:, None, :]  # [B, K, L]
+        self.running_scores = torch.zeros(b, k, device=device)  # [B, K] float32 sums of log-probs
+        self.running_scores[:, 1:] = MASK
+        self.running_beam_indices = torch.full((b, k, g), -1, dtype=torch.long, device=device)  # [B, K, G]
+        self.running_token_log_probs = torch.zeros(b, k, g, device=device)  # [B, K, G]
+        self.sequences = self.running_sequences.clone()  # [B, K, L] finished pool
+        self.scores = torch.full((b, k), MASK, device=device)  # [B, K] penalised scores
+        self.beam_indices = self.running_beam_indices.clone()  # [B, K, G]
+        self.token_log_probs = self.running_token_log_probs.clone()  # [B, K, G]
+        self.is_finished = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, K]
+        self.finish_reason = torch.zeros(b, k, dtype=torch.long, device=device)  # [B, K]
+        self.can_improve = torch.ones(b, 1, dtype=torch.bool, device=device)  # [B, 1]
+        self.hits = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, K]
+        self.top_k_mask = torch.arange(self.num_candidates, device=device) < k  # [C]
+        self._done = max_length <= t0
+
+    def tokens(self) -> torch.Tensor:
+        return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
+
+    def advance(self, logits: torch.Tensor) -> torch.Tensor:
+        """One step; returns the flat parent row of each new live beam, ``[N]``."""
+        b, k = self.batch_size, self.rows_per_example
+        log_probs = self.processors(self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
+        self.trace.record(log_probs, logits)
+        candidates = self._grow(unflatten_beams(log_probs, b))
+        self.hits = self.criteria(flatten_beams(candidates[1][:, :, : self.length + 1]), self.trace.scores)
+        self.hits = self.hits.reshape(b, self.num_candidates)  # [B, C]
+        self._update_finished(*candidates)
+        self._update_running(*candidates)
+        self.length += 1
+        self._update_can_improve()
+        return self.running_beam_indices[:, :, self.length - 1 - self.prompt_length].reshape(b * k)
+
+    def _grow(self, log_probs: torch.Tensor):
+        """Top (or sampled) C continuations of each example. ``log_probs`` is ``[B, K, V]``."""
+        b, k, vocab = log_probs.shape
+        totals = (log_probs + self.running_scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
+        if self.do_sample:
+            flat = torch.multinomial(torch.softmax(totals, dim=-1), num_samples=self.num_candidates)  # [B, C]
+            scores = torch.gather(totals, 1, flat)  # [B, C]
+        else:
+            scores, flat = torch.topk(totals, k=self.num_candidates)  # [B, C]
+        parents, tokens = flat // vocab, flat % vocab  # [B, C]
+        position = self.length - self.prompt_length
+        sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
+        sequences[:, :, self.length] = tokens
+        beam_indices = gather_beams(self.running_beam_indices, parents)  # [B, C, G]
+        beam_indices[:, :, position] = parents + torch.arange(b, device=flat.device)[:, None] * k
+        token_log_probs = gather_beams(self.running_token_log_probs, parents)  # [B, C, G]
+        token_log_probs[:, :, position] = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)
+        return scores, sequences, beam_indices, token_log_probs
+
+    def _update_running(self, scores, sequences, beam_indices, token_log_probs) -> None:
+        """The best K candidates that did not stop become the live beams."""
+        live_scores = scores + self.hits.to(torch.float32) * MASK  # [B, C]
+        keep = torch.topk(live_scores, k=self.rows_per_example)[1]  # [B, K]
+        self.running_sequences = gather_beams(sequences, keep)
+        self.running_scores = gather_beams(live_scores, keep)
+        self.running_beam_indices = gather_beams(beam_indices, keep)
+        self.running_token_log_probs = gather_beams(token_log_probs, keep)
+
+    def _update_finished(self, scores, sequences, beam_indices, token_log_probs) -> None:
+        """Merge candidates that just stopped (among the first K) into the finished pool."""
+        just_finished = self.hits & self.top_k_mask[None, :]  # [B, C]
+        penalised = scores / ((self.length + 1 - self.prompt_length) ** self.length_penalty)
+        pool_full = torch.all(self.is_finished, dim=-1, keepdim=True) & (self.early_stopping is True)
+        penalised += pool_full.to(torch.float32) * MASK
+        penalised += (~self.can_improve).to(torch.float32) * MASK
+        penalised += (~just_finished) * MASK
+        reasons = classify_stop(flatten_beams(sequences[:, :, : self.length + 1]), flatten_beams(just_finished),
+                                self.eos_token_id, self.max_length).reshape(just_finished.shape)
+        merged_scores = torch.cat((self.scores, penalised), dim=1)  # [B, K + C]
+        keep = torch.topk(merged_scores, k=self.rows_per_example)[1]  # [B, K]
+        self.scores = gather_beams(merged_scores, keep)
+        self.sequences = gather_beams(torch.cat((self.sequences, sequences), dim=1), keep)
+        self.beam_indices = gather_beams(torch.cat((self.beam_indices, beam_indices), dim=1), keep)
+        self.token_log_probs = gather_beams(torch.cat((self.token_log_probs, token_log_probs), dim=1), keep)
+        self.is_finished = gather_beams(torch.cat((self.is_finished, just_finished), dim=1), keep)
+        self.finish_reason = gather_beams(torch.cat((self.finish_reason, reasons), dim=1), keep)
+
+    def _update_can_improve(self) -> None:
+        """Whether the best live beam could still beat the worst finished one (HF's heuristic)."""
+        if self.early_stopping == "never" and self.length_penalty > 0.0:
+            best_length = self.max_length - self.prompt_length
+        else:
+            best_length = self.length - self.prompt_length
+        best_running = self.running_scores[:, :1] / (best_length**self.length_penalty)  # [B, 1]
+        worst_finished = torch.where(self.is_finished, torch.min(self.scores, dim=1, keepdim=True)[0], MASK)
+        self.can_improve = self.can_improve & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
+
+    def is_done(self) -> bool:
+        if self._done:
+            return True
+        open_pool = ~(torch.all(self.is_finished) & (self.early_stopping is True))
+        going = torch.any(self.can_improve) & open_pool & ~torch.all(self.hits)
+        return not bool(going)
+
+    def result(self) -> SearchResult:
+        n = self.num_return_sequences
+        beam_indices = self.beam_indices[:, :n]  # [B, n, G]
+        generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]
+        width = int(generated.max()) if generated.numel() else 0
+        token_log_probs = self.token_log_probs[:, :n, :width]
+        scores, logits = self.trace.as_tuples()
+        reason = torch.where(self.is_finished[:, :n], self.finish_reason[:, :n], int(FinishReason.NONE))
+        return SearchResult(
+            sequences=self.sequences[:, :n, : self.prompt_length + width],
+            sequences_scores=self.scores[:, :n],
+            sum_log_probs=token_log_probs.sum(dim=-1),
+            token_log_probs=token_log_probs,
+            lengths=self.prompt_length + generated,
+            finish_reason=reason,
+            prompt_length=self.prompt_length,
+            scores=scores,
+            logits=logits,
+            beam_indices=beam_indices[:, :, :width],
+        )

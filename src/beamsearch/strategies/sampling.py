@@ -1,0 +1,107 @@
+"""Greedy search and multinomial sampling: each row extends independently, with no competition.
+
+Semantics are those of Hugging Face ``_sample``: processors act on raw logits, the token is the
+argmax (greedy) or one multinomial draw from ``softmax(scores)`` (sampling), finished rows are
+padded, and the search stops when every row has hit a stopping criterion.
+
+Legend: B batch, K rows per example (``num_return_sequences`` samples), N = B*K, V vocabulary,
+L = max_length, t tokens so far, t0 start tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..beams import unflatten_beams
+from ..results import FinishReason, SearchResult
+from ..stopping import classify_stop
+from .base import StepTrace
+
+
+class SamplingSearch:
+    """One row per hypothesis; ``do_sample=False`` is greedy search."""
+
+    def __init__(
+        self,
+        input_ids: torch.Tensor,
+        rows_per_example: int,
+        max_length: int,
+        processors,
+        criteria,
+        *,
+        do_sample: bool,
+        eos_token_id: tuple[int, ...] | None,
+        pad_token_id: int,
+        length_penalty: float,
+        trace: StepTrace,
+    ):
+        batch_size, prompt_length = input_ids.shape
+        rows = input_ids.repeat_interleave(rows_per_example, dim=0)  # [N, t0]
+        device = input_ids.device
+        self.rows_per_example = rows_per_example
+        self.batch_size = batch_size
+        self.prompt_length = prompt_length
+        self.max_length = max_length
+        self.processors = processors
+        self.criteria = criteria
+        self.do_sample = do_sample
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.length_penalty = length_penalty
+        self.trace = trace
+        n = rows.shape[0]
+        self.sequences = torch.full((n, max(max_length, prompt_length)), pad_token_id, dtype=torch.long, device=device)
+        self.sequences[:, :prompt_length] = rows  # [N, L]
+        self.length = prompt_length
+        self.unfinished = torch.ones(n, dtype=torch.bool, device=device)  # [N]
+        self.lengths = torch.full((n,), prompt_length, dtype=torch.long, device=device)  # [N]
+        self.token_log_probs = torch.zeros(n, max(max_length - prompt_length, 0), device=device)  # [N, L-t0]
+        self.finish_reason = torch.zeros(n, dtype=torch.long, device=device)  # [N]
+        self._done = max_length <= prompt_length
+
+    def tokens(self) -> torch.Tensor:
+        return self.sequences[:, : self.length]  # [N, t]
+
+    def advance(self, logits: torch.Tensor) -> None:
+        """One step: process, pick a token per row, pad finished rows, update stopping state."""
+        tokens = self.tokens()
+        scores = self.processors(tokens, logits)  # [N, V]
+        self.trace.record(scores, logits)
+        if self.do_sample:
+            next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [N]
+        else:
+            next_tokens = torch.argmax(scores, dim=-1)  # [N]
+        if self.eos_token_id is not None:
+            next_tokens = torch.where(self.unfinished, next_tokens, self.pad_token_id)
+        log_probs = torch.log_softmax(scores, dim=-1).gather(1, next_tokens[:, None]).squeeze(1)  # [N]
+        position = self.length - self.prompt_length
+        self.token_log_probs[:, position] = torch.where(self.unfinished, log_probs, 0.0)
+        self.sequences[:, self.length] = next_tokens
+        self.length += 1
+        self.lengths += self.unfinished.long()
+        stopped = self.criteria(self.tokens(), self.trace.scores)  # [N]
+        reasons = classify_stop(self.tokens(), stopped & self.unfinished, self.eos_token_id, self.max_length)
+        self.finish_reason = torch.where(stopped & self.unfinished, reasons, self.finish_reason)
+        self.unfinished = self.unfinished & ~stopped
+        return None
+
+    def is_done(self) -> bool:
+        return self._done or not bool(self.unfinished.any())
+
+    def result(self) -> SearchResult:
+        b, k = self.batch_size, self.rows_per_example
+        sum_log_probs = self.token_log_probs.sum(dim=1)  # [N]
+        generated = (self.lengths - self.prompt_length).clamp(min=1).to(sum_log_probs.dtype)
+        scores, logits = self.trace.as_tuples()
+        finish_reason = torch.where(self.unfinished, int(FinishReason.NONE), self.finish_reason)
+        return SearchResult(
+            sequences=unflatten_beams(self.tokens(), b),
+            sequences_scores=unflatten_beams(sum_log_probs / generated**self.length_penalty, b),
+            sum_log_probs=unflatten_beams(sum_log_probs, b),
+            token_log_probs=unflatten_beams(self.token_log_probs[:, : self.length - self.prompt_length], b),
+            lengths=unflatten_beams(self.lengths, b),
+            finish_reason=unflatten_beams(finish_reason, b).reshape(b, k),
+            prompt_length=self.prompt_length,
+            scores=scores,
+            logits=logits,
+        )
