@@ -60,8 +60,8 @@ def tiny_model(name: str, seed: int = 0):
 def random_inputs(model, batch_size: int, generator: torch.Generator):
     """Token ids ``[B, S]`` and an attention mask with padding (left for decoder-only, right for seq2seq)."""
     config = model.config
-    specials = {config.pad_token_id, config.eos_token_id, config.bos_token_id,
-                getattr(config, "decoder_start_token_id", None)}
+    specials = {getattr(config, name, None) for name in
+                ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")}
     allowed = torch.tensor([t for t in range(VOCAB) if t not in specials])
     length = int(torch.randint(2, 7, (1,), generator=generator))
     ids = allowed[torch.randint(len(allowed), (batch_size, length), generator=generator)]

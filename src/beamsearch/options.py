@@ -13,27 +13,35 @@ from typing import Any
 
 # Generation options we know of but do not implement; passing a non-default value is an error,
 # never a silent no-op.
-UNSUPPORTED_OPTIONS = (
-    "num_beam_groups",
-    "diversity_penalty",
-    "constraints",
-    "force_words_ids",
-    "penalty_alpha",
-    "dola_layers",
-    "guidance_scale",
-    "sequence_bias",
-    "encoder_repetition_penalty",
-    "encoder_no_repeat_ngram_size",
-    "exponential_decay_length_penalty",
-    "prefix_allowed_tokens_fn",
-    "watermarking_config",
-    "top_h",
-    "assistant_model",
-    "prompt_lookup_num_tokens",
-    "negative_prompt_ids",
-    "token_healing",
-    "low_memory",
-)
+UNSUPPORTED_OPTIONS: dict[str, tuple] = {
+    "num_beam_groups": (1,),
+    "diversity_penalty": (0.0,),
+    "constraints": (),
+    "force_words_ids": (),
+    "penalty_alpha": (0.0,),
+    "dola_layers": (),
+    "guidance_scale": (1.0,),
+    "sequence_bias": (),
+    "encoder_repetition_penalty": (1.0,),
+    "encoder_no_repeat_ngram_size": (0,),
+    "exponential_decay_length_penalty": (),
+    "prefix_allowed_tokens_fn": (),
+    "watermarking_config": (),
+    "top_h": (),
+    "assistant_model": (),
+    "prompt_lookup_num_tokens": (),
+    "negative_prompt_ids": (),
+    "token_healing": (False,),
+    "low_memory": (False,),
+    "use_mtp": (False,),
+    "assistant_early_exit": (),
+    "prefill_chunk_size": (),
+}
+
+
+def is_neutral(name: str, value: Any) -> bool:
+    """Whether an unsupported option holds a value that changes nothing (None or its no-op value)."""
+    return value is None or any(value == neutral for neutral in UNSUPPORTED_OPTIONS[name])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +103,7 @@ class SearchOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         for name, value in kwargs.items():
             if name in UNSUPPORTED_OPTIONS:
-                if value is None or value is False or (name == "num_beam_groups" and value == 1):
+                if is_neutral(name, value):
                     continue
                 raise ValueError(f"option {name!r} is not supported by beamsearch yet (it would change results)")
             if name not in known:

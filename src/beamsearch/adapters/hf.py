@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..engine import search
-from ..options import UNSUPPORTED_OPTIONS, SearchOptions
+from ..options import UNSUPPORTED_OPTIONS, SearchOptions, is_neutral
 
 # generate() arguments that change results and that we do not implement.
 _REJECTED_ARGUMENTS = (
@@ -195,15 +195,8 @@ def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, 
 def _check_config(config: Any) -> None:
     """Reject any generation option that would change results and that we do not implement."""
     for name in UNSUPPORTED_OPTIONS:
-        value = getattr(config, name, None)
-        if value is None or value is False or (name == "num_beam_groups" and value == 1):
-            continue
-        if name in ("diversity_penalty",) and value == 0.0:
-            continue
-        raise ValueError(f"generation option {name!r} is not supported by beamsearch (it would change results)")
-    for name in ("use_mtp", "assistant_early_exit"):
-        if getattr(config, name, None):
-            raise ValueError(f"generation option {name!r} is not supported by beamsearch")
+        if not is_neutral(name, getattr(config, name, None)):
+            raise ValueError(f"generation option {name!r} is not supported by beamsearch (it would change results)")
     if getattr(config, "cache_implementation", None) not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={config.cache_implementation!r} is not supported by beamsearch")
 

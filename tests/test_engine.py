@@ -1,0 +1,120 @@
+"""search(): a plain PyTorch model through the step protocol, state handling, and option errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import beamsearch
+from fakes import GRUDecoder, PrefixModel
+
+SEARCHES = [
+    {"num_beams": 1},
+    {"num_beams": 4, "num_return_sequences": 3},
+    {"num_beams": 3, "length_penalty": 0.0, "early_stopping": True},
+    {"num_beams": 5, "early_stopping": "never", "length_penalty": 2.0},
+    {"do_sample": True, "num_return_sequences": 2, "top_k": 5},
+    {"do_sample": True, "num_beams": 3, "temperature": 0.7},
+]
+
+
+@pytest.mark.parametrize("kwargs", SEARCHES)
+def test_gru_with_nested_dict_state_cached_equals_uncached(kwargs):
+    model = GRUDecoder()
+    source = torch.randint(3, 12, (3, 5), generator=torch.Generator().manual_seed(1))
+    results = []
+    for step in (model.step_cached, model.step_uncached):
+        torch.manual_seed(0)
+        results.append(beamsearch.search(step, torch.full((3, 1), 2), model.initial_state(source),
+                                         max_new_tokens=7, eos_token_id=1, pad_token_id=0, **kwargs))
+    cached, uncached = results
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores)
+    assert cached.finish_reason.tolist() == uncached.finish_reason.tolist()
+
+
+@dataclasses.dataclass
+class DataclassState:
+    rows: torch.Tensor
+    pair: tuple
+
+
+class ReorderableState:
+    def __init__(self, rows):
+        self.rows = rows
+        self.calls = 0
+
+    def reorder(self, index):
+        self.rows = self.rows.index_select(0, index)
+        self.calls += 1
+
+
+def row_tracking_step(states_seen):
+    """A step whose logits ignore the state but which checks that state rows follow their beams."""
+    model = PrefixModel(vocab_size=7, seed=3)
+
+    def step(tokens, state):
+        rows = state.rows if not isinstance(state, dict) else state["rows"]
+        # each row of the state holds the example index; it must still match after every reorder
+        states_seen.append(rows.clone())
+        return model.logits_for(tokens), state
+
+    return step
+
+
+@pytest.mark.parametrize("make_state", [
+    lambda rows: {"rows": rows, "other": [rows * 2, (rows, None)]},
+    lambda rows: DataclassState(rows, (rows, "label")),
+    ReorderableState,
+])
+def test_state_rows_follow_their_example(make_state):
+    seen = []
+    batch = 3
+    state = make_state(torch.arange(batch))
+    beamsearch.search(row_tracking_step(seen), torch.tensor([[1], [2], [3]]), state, num_beams=4,
+                      max_new_tokens=5, eos_token_id=0)
+    for rows in seen:
+        assert rows.tolist() == torch.arange(batch).repeat_interleave(4).tolist()
+
+
+def test_greedy_picks_argmax_every_step():
+    model = PrefixModel(vocab_size=9, seed=5)
+    result = beamsearch.search(model, torch.tensor([[1, 2], [3, 4]]), max_new_tokens=6)
+    for b in range(2):
+        sequence = result.sequences[b, 0].tolist()
+        for position in range(2, len(sequence)):
+            logits = model.logits_for(torch.tensor([sequence[:position]]))
+            assert sequence[position] == int(logits.argmax())
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"num_beams": 2, "num_return_sequences": 3}, "num_return_sequences"),
+    ({"do_sample": True, "top_p": 0.0}, "top_p"),
+    ({"do_sample": True, "top_p": 1.5}, "top_p"),
+    ({"max_new_tokens": -1}, "max_new_tokens"),
+    ({"num_beams": 0}, "num_beams"),
+    ({"early_stopping": "sometimes"}, "early_stopping"),
+    ({"temperature": 0.0}, "temperature"),
+    ({"min_new_tokens": 2}, "min_new_tokens"),
+    ({"bogus_option": 1}, "bogus_option"),
+    ({"num_beam_groups": 2}, "num_beam_groups"),
+    ({"num_return_sequences": 2}, "num_return_sequences"),
+    ({"stop_strings": ["x"]}, "tokenizer"),
+])
+def test_invalid_options_raise_value_error_naming_the_option(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        beamsearch.search(PrefixModel(5), torch.tensor([[1]]), **kwargs)
+
+
+@pytest.mark.parametrize("input_ids", [torch.tensor([1, 2]), torch.zeros(2, 0, dtype=torch.long),
+                                       torch.tensor([[0.5]])])
+def test_bad_input_ids_raise(input_ids):
+    with pytest.raises(ValueError, match="input_ids"):
+        beamsearch.search(PrefixModel(5), input_ids)
+
+
+def test_bad_logits_shape_is_named():
+    with pytest.raises(ValueError, match="logits"):
+        beamsearch.search(lambda tokens, state: (torch.zeros(1, 5), state), torch.tensor([[1], [2]]))
