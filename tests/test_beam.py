@@ -6,12 +6,12 @@ import itertools
 import math
 
 import torch
+from fakes import PrefixModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import beamsearch
 from beamsearch import FinishReason
-from fakes import PrefixModel
 
 
 def enumerate_hypotheses(model: PrefixModel, prompt: list[int], max_new: int, eos: int):

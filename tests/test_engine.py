@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 import torch
+from fakes import GRUDecoder, PrefixModel
 
 import beamsearch
-from fakes import GRUDecoder, PrefixModel
 
 SEARCHES = [
     {"num_beams": 1},
@@ -118,3 +118,20 @@ def test_bad_input_ids_raise(input_ids):
 def test_bad_logits_shape_is_named():
     with pytest.raises(ValueError, match="logits"):
         beamsearch.search(lambda tokens, state: (torch.zeros(1, 5), state), torch.tensor([[1], [2]]))
+
+
+def test_core_imports_and_searches_without_transformers():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import torch, beamsearch\n"
+        "step = lambda tokens, state: (torch.log_softmax(torch.arange(5.0).repeat(tokens.shape[0], 1), -1), state)\n"
+        "r = beamsearch.search(step, torch.tensor([[1]]), num_beams=2, max_new_tokens=3, eos_token_id=0)\n"
+        "print(r.sequences[0, 0].tolist())\n"
+    )
+    src = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": src},
+                         check=True)
+    assert out.stdout.strip() == "[1, 4, 4, 4]"

@@ -13,9 +13,9 @@ import random
 
 import pytest
 import torch
+from tiny_hf import MODEL_NAMES, VOCAB, random_inputs, tiny_model
 
 import beamsearch
-from tiny_hf import MODEL_NAMES, VOCAB, random_inputs, tiny_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -38,7 +38,7 @@ def _configs():
 MODEL_NAMES = ("t5", "bart", "marian", "gpt2", "llama")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_model(name: str, seed: int = 0):
     """A tiny random-weight model of the family ``name`` in eval mode."""
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM

@@ -159,7 +159,9 @@ def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, 
         config._mask_length = model_kwargs["attention_mask"].shape[1]
         model_kwargs["attention_mask"] = None
     if model_kwargs.get("encoder_outputs") is None:
-        model_kwargs = model._maybe_prepare_encoder_kwargs_for_generation(inputs_tensor, model_kwargs, input_name, config)
+        model_kwargs = model._maybe_prepare_encoder_kwargs_for_generation(
+            inputs_tensor, model_kwargs, input_name, config
+        )
     if is_encoder_decoder:
         input_ids, model_kwargs = model._prepare_decoder_input_ids_for_generation(
             batch_size=batch_size,
