@@ -1,0 +1,123 @@
+"""Processors that ban the token completing a forbidden n-gram: repeated n-grams, and bad words.
+
+Both match the last tokens of each row against known prefixes, vectorized over rows, with one
+loop over the n-gram length (no-repeat) or over the groups of bad words of equal length.
+
+Shape legend: N rows, V vocabulary, t tokens so far (prompt included), G bad words in a group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import NEG_INF, LogitsProcessor, check_int, token_ids
+
+
+def _banned_mask(rows: int, vocab_size: int, tokens: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
+    """BoolTensor ``[N, V + 1]`` true at ``tokens[n, j]`` where ``hit[n, j]``.
+
+    Misses, and tokens >= V (which the model cannot produce), land in the spare last column.
+    """
+    mask = torch.zeros(rows, vocab_size + 1, dtype=torch.bool, device=tokens.device)
+    return mask.scatter_(1, torch.where(hit, tokens.long().clamp(max=vocab_size), vocab_size), True)
+
+
+class NoRepeatNGramLogitsProcessor(LogitsProcessor):
+    """Ban every token that would repeat an n-gram already present in the row (prompt included).
+
+    With ``t`` tokens so far, the next token completes an n-gram whose first ``n - 1`` tokens are the
+    row's last ``n - 1``; every earlier occurrence of that prefix bans the token that followed it.
+
+    Args:
+        ngram_size: n > 0 (with n = 1, every token already present is banned).
+    """
+
+    def __init__(self, ngram_size: int):
+        self.ngram_size = check_int("ngram_size", ngram_size, 1)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
+        n, length = self.ngram_size, input_ids.shape[-1]
+        if length < n:
+            return scores
+        starts = length - n + 1  # complete n-grams in the history, one per start position
+        hit = torch.ones(input_ids.shape[0], starts, dtype=torch.bool, device=input_ids.device)
+        for j in range(n - 1):  # compare position j of every n-gram with position j of the prefix
+            hit &= input_ids[:, j : j + starts] == input_ids[:, starts + j, None]
+        mask = _banned_mask(input_ids.shape[0], scores.shape[-1], input_ids[:, n - 1 :], hit)
+        return scores.masked_fill(mask[:, :-1], NEG_INF)
+
+
+class NoBadWordsLogitsProcessor(LogitsProcessor):
+    """Ban the last token of each bad word when the row ends with the rest of it.
+
+    A one-token bad word is banned at every step. Bad words equal to a single end-of-sequence id are
+    dropped (eos is never banned this way); if none is left, the processor does nothing. As in
+    Hugging Face, banned entries get ``scores + (-inf)``, so a banned ``+inf`` or ``nan`` becomes ``nan``.
+
+    Args:
+        bad_words_ids: a non-empty sequence of non-empty sequences of token ids.
+        eos_token_id: optional id(s) of the end-of-sequence token.
+
+    Raises:
+        ValueError: at construction for malformed arguments; at the first call on a vocabulary of
+            size V if a bad word holds an id >= V.
+    """
+
+    def __init__(self, bad_words_ids: Any, eos_token_id: Any = None):
+        if isinstance(bad_words_ids, (str, bytes, torch.Tensor)) or not hasattr(bad_words_ids, "__iter__"):
+            raise ValueError(
+                f"`bad_words_ids` must be a non-empty list of lists of token ids, got {bad_words_ids!r}"
+            )
+        words = [token_ids("bad_words_ids", word) for word in bad_words_ids]
+        if not words:
+            raise ValueError("`bad_words_ids` must not be empty")
+        eos = (
+            set(token_ids("eos_token_id", eos_token_id, allow_empty=True))
+            if eos_token_id is not None
+            else set()
+        )
+        self.bad_words_ids = tuple(dict.fromkeys(w for w in words if not (len(w) == 1 and w[0] in eos)))
+        self._prepared: dict[tuple[int, torch.device], tuple] = {}
+
+    def _prepare(self, vocab_size: int, device: torch.device) -> tuple:
+        key = (vocab_size, device)
+        if key not in self._prepared:
+            too_large = [token for word in self.bad_words_ids for token in word if token >= vocab_size]
+            if too_large:
+                raise ValueError(
+                    f"`bad_words_ids` holds ids >= the vocabulary size {vocab_size}: {too_large}"
+                )
+            single = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)
+            single[[w[0] for w in self.bad_words_ids if len(w) == 1]] = True
+            by_length: dict[int, list[tuple[int, ...]]] = {}
+            for word in self.bad_words_ids:
+                if len(word) > 1:
+                    by_length.setdefault(len(word) - 1, []).append(word)
+            groups = [
+                (
+                    torch.tensor([w[:-1] for w in group], dtype=torch.long, device=device),  # [G, L]
+                    torch.tensor([w[-1] for w in group], dtype=torch.long, device=device),  # [G]
+                )
+                for group in by_length.values()
+            ]
+            self._prepared[key] = (single, groups)
+        return self._prepared[key]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
+        if not self.bad_words_ids:
+            return scores
+        rows, vocab_size = scores.shape
+        single, groups = self._prepare(vocab_size, scores.device)
+        banned = single.expand(rows, -1)  # [N, V + 1]
+        for prefixes, last in groups:
+            prefix_length = prefixes.shape[1]
+            if prefix_length > input_ids.shape[-1]:
+                continue
+            hit = (input_ids[:, None, -prefix_length:] == prefixes).all(dim=-1)  # [N, G]
+            banned = banned | _banned_mask(rows, vocab_size, last.expand(rows, -1), hit)
+        bias = torch.zeros_like(scores).masked_fill_(banned[:, :-1], NEG_INF)
+        return scores + bias

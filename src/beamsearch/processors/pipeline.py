@@ -1,0 +1,144 @@
+"""Build the ordered list of processors for a search, exactly as Hugging Face ``generate`` does.
+
+Shape legend: N rows, V vocabulary, t tokens so far (prompt included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from ..options import SearchOptions
+from .masks import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+from .ngrams import NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor
+from .numerics import InfNanRemoveLogitsProcessor, LogitNormalization
+from .penalties import RepetitionPenaltyLogitsProcessor
+from .warpers import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ProcessorList(list):
+    """A list of processors, itself a processor: applies each in order."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
+        for processor in self:
+            scores = processor(input_ids, scores)
+        return scores
+
+
+def build_processors(
+    options: SearchOptions,
+    prompt_length: int,
+    padding_lengths: torch.Tensor | None = None,
+    user_processors: Iterable[Processor] = (),
+) -> ProcessorList:
+    """The processors of a search, in the order of Hugging Face ``_get_logits_processor``.
+
+    Processors first, then the user's merged in (one of the same type as a built-in replaces it in
+    place, the others follow), then the sampling warpers (only with ``do_sample``), then the
+    log-softmax renormalization.
+
+    Args:
+        options: the search options.
+        prompt_length: ``t0``, the length of the start tokens.
+        padding_lengths: LongTensor ``[N]`` of leading pad positions per row, ignored by the
+            repetition penalty; None if there is no padding.
+        user_processors: extra processors ``(input_ids [N, t], scores [N, V]) -> scores [N, V]``.
+
+    Returns:
+        A :class:`ProcessorList`.
+    """
+    eos = options.eos_token_id
+    defaults: list[Processor] = []
+    if options.repetition_penalty != 1.0:
+        defaults.append(RepetitionPenaltyLogitsProcessor(options.repetition_penalty, padding_lengths))
+    if options.no_repeat_ngram_size > 0:
+        defaults.append(NoRepeatNGramLogitsProcessor(options.no_repeat_ngram_size))
+    if options.bad_words_ids is not None:
+        defaults.append(NoBadWordsLogitsProcessor(options.bad_words_ids, eos))
+    if eos is not None and options.min_length > 0:
+        defaults.append(MinLengthLogitsProcessor(options.min_length, eos))
+    if eos is not None and options.min_new_tokens is not None and options.min_new_tokens > 0:
+        defaults.append(MinNewTokensLengthLogitsProcessor(prompt_length, options.min_new_tokens, eos))
+    if options.forced_bos_token_id is not None:
+        defaults.append(ForcedBOSTokenLogitsProcessor(options.forced_bos_token_id))
+    if options.forced_eos_token_id is not None:
+        max_length = options.resolved_max_length(prompt_length)
+        defaults.append(ForcedEOSTokenLogitsProcessor(max_length, options.forced_eos_token_id))
+    if options.remove_invalid_values:
+        defaults.append(InfNanRemoveLogitsProcessor())
+    if options.suppress_tokens is not None:
+        defaults.append(SuppressTokensLogitsProcessor(options.suppress_tokens))
+    if options.begin_suppress_tokens is not None:
+        shifted = prompt_length <= 1 and options.forced_bos_token_id is not None  # the forced bos comes first
+        begin_index = prompt_length + 1 if shifted else prompt_length
+        defaults.append(SuppressTokensAtBeginLogitsProcessor(options.begin_suppress_tokens, begin_index))
+
+    processors = ProcessorList(_merge(defaults, list(user_processors)))
+    if options.do_sample:
+        processors.extend(_warpers(options))
+    if options.renormalize_logits:
+        processors.append(LogitNormalization())
+    return processors
+
+
+def _warpers(options: SearchOptions) -> list[Processor]:
+    """The sampling warpers, in Hugging Face's order."""
+    if options.num_beams > 1:  # beams must keep a non-eos continuation
+        keep = len(options.eos_token_id) + 1 if options.eos_token_id is not None else 2
+    else:
+        keep = 1
+    warpers: list[Processor] = []
+    if options.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(options.temperature))
+    if options.top_k is not None and options.top_k != 0:
+        warpers.append(TopKLogitsWarper(options.top_k, min_tokens_to_keep=keep))
+    if options.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(options.top_p, min_tokens_to_keep=keep))
+    if options.min_p is not None:
+        warpers.append(MinPLogitsWarper(options.min_p, min_tokens_to_keep=keep))
+    if options.typical_p < 1.0:
+        warpers.append(TypicalLogitsWarper(options.typical_p, min_tokens_to_keep=keep))
+    if 0.0 < options.epsilon_cutoff < 1.0:
+        warpers.append(EpsilonLogitsWarper(options.epsilon_cutoff, min_tokens_to_keep=keep))
+    if 0.0 < options.eta_cutoff < 1.0:
+        warpers.append(EtaLogitsWarper(options.eta_cutoff, min_tokens_to_keep=keep))
+    return warpers
+
+
+def _same_kind(custom: Any, default: Any) -> bool:
+    """Whether a user processor replaces a built-in one: same type, or the Hugging Face class of that name."""
+    kind = type(custom)
+    if kind is type(default):
+        return True
+    return kind.__name__ == type(default).__name__ and kind.__module__.startswith("transformers.")
+
+
+def _merge(defaults: list[Processor], custom: list[Processor]) -> list[Processor]:
+    """As HF's ``_merge_criteria_processor_list``: same-kind ones replace built-ins, the rest follow."""
+    if not custom:
+        return defaults
+    merged = [next((c for c in custom if _same_kind(c, d)), d) for d in defaults]
+    for c in custom:
+        if c not in merged:  # membership as in Hugging Face (identity, or __eq__ if defined)
+            merged.append(c)
+    return merged

@@ -1,0 +1,91 @@
+"""The Hugging Face adapter beyond the random grid: model defaults, rejected arguments, output types."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import beamsearch
+from test_hf_parity import assert_same_output
+from tiny_hf import random_inputs, tiny_model
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("name", ["t5", "gpt2"])
+def test_model_generation_config_defaults_apply(name):
+    model = copy.deepcopy(tiny_model(name))
+    model.generation_config.num_beams = 3
+    model.generation_config.no_repeat_ngram_size = 2
+    model.generation_config.max_new_tokens = 7
+    model.generation_config.length_penalty = 0.5
+    ids, mask = random_inputs(model, 2, torch.Generator().manual_seed(3))
+    kwargs = {"return_dict_in_generate": True, "output_scores": True}
+    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    actual = beamsearch.generate(model, input_ids=ids, attention_mask=mask, **kwargs)
+    assert expected.beam_indices.shape[0] == 2  # the model's num_beams=3 was used, one sequence each
+    assert_same_output(expected, actual)
+
+
+def test_explicit_generation_config_object_is_honoured():
+    model = tiny_model("bart")
+    ids, mask = random_inputs(model, 2, torch.Generator().manual_seed(4))
+    config = transformers.GenerationConfig(num_beams=4, num_return_sequences=2, max_new_tokens=6,
+                                           early_stopping=True, eos_token_id=2, pad_token_id=1,
+                                           decoder_start_token_id=2, return_dict_in_generate=True,
+                                           output_scores=True)
+    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    actual = beamsearch.generate(model, input_ids=ids, attention_mask=mask, generation_config=config)
+    assert_same_output(expected, actual)
+
+
+def test_user_processor_and_criterion_are_used_like_transformers():
+    model = tiny_model("llama")
+    ids, mask = random_inputs(model, 2, torch.Generator().manual_seed(5))
+
+    def ban_token_seven(input_ids, scores):
+        scores = scores.clone()
+        scores[:, 7] = -float("inf")
+        return scores
+
+    def stop_after_token_nine(input_ids, scores):
+        return input_ids[:, -1] == 9
+
+    for kwargs in ({"num_beams": 3}, {}):
+        common = dict(max_new_tokens=8, return_dict_in_generate=True, output_scores=True, **kwargs)
+        expected = model.generate(input_ids=ids, attention_mask=mask, logits_processor=[ban_token_seven],
+                                  stopping_criteria=[stop_after_token_nine], **common)
+        actual = beamsearch.generate(model, input_ids=ids, attention_mask=mask, logits_processor=[ban_token_seven],
+                                     stopping_criteria=[stop_after_token_nine], **common)
+        assert_same_output(expected, actual)
+        assert not (actual.sequences[:, ids.shape[1]:] == 7).any()
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 0.5}, "num_beam_groups"),
+    ({"prefix_allowed_tokens_fn": lambda batch, ids: [3]}, "prefix_allowed_tokens_fn"),
+    ({"num_beams": 2, "force_words_ids": [[5]]}, "force_words_ids"),
+    ({"penalty_alpha": 0.6, "top_k": 4}, "penalty_alpha"),
+    ({"sequence_bias": {(4,): 1.0}}, "sequence_bias"),
+    ({"trust_remote_code": True}, "trust_remote_code"),
+])
+def test_unsupported_generate_arguments_are_rejected_by_name(kwargs, name):
+    model = tiny_model("t5")
+    ids, mask = random_inputs(model, 1, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=name):
+        beamsearch.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=3, **kwargs)
+
+
+def test_max_time_stops_and_labels_the_reason():
+    import time
+
+    def slow_step(tokens, state):
+        time.sleep(0.002)
+        return torch.zeros(tokens.shape[0], 5), state
+
+    result = beamsearch.search(slow_step, torch.tensor([[1]]), num_beams=2, max_new_tokens=2000, eos_token_id=0,
+                               max_time=0.05)
+    assert result.sequences.shape[-1] < 1000
+    assert {int(r) for r in result.finish_reason.reshape(-1)} <= {int(beamsearch.FinishReason.STOP_CRITERION)}
