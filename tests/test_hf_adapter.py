@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
-
-import beamsearch
 from test_hf_parity import assert_same_output
 from tiny_hf import random_inputs, tiny_model
+
+import beamsearch
 
 transformers = pytest.importorskip("transformers")
 
