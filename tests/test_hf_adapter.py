@@ -89,3 +89,28 @@ def test_max_time_stops_and_labels_the_reason():
                                max_time=0.05)
     assert result.sequences.shape[-1] < 1000
     assert {int(r) for r in result.finish_reason.reshape(-1)} <= {int(beamsearch.FinishReason.STOP_CRITERION)}
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over the tiny models' 40 ids: specials, 26 letters and 11 digraphs."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    pieces = ["<pad>", "</s>", "<unk>"] + list("abcdefghijklmnopqrstuvwxyz")
+    pieces += ["th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti"]
+    backend = Tokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>")
+
+
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("search", [{}, {"num_beams": 4, "num_return_sequences": 2}, {"num_beams": 3}])
+def test_stop_strings_match_transformers(name, search):
+    model = tiny_model(name)
+    tokenizer = tiny_tokenizer()
+    ids, mask = random_inputs(model, 3, torch.Generator().manual_seed(11))
+    common = dict(max_new_tokens=10, return_dict_in_generate=True, output_scores=True,
+                  stop_strings=["he", "q", "nd"], tokenizer=tokenizer, **search)
+    expected = model.generate(input_ids=ids, attention_mask=mask, **common)
+    actual = beamsearch.generate(model, input_ids=ids, attention_mask=mask, **common)
+    assert_same_output(expected, actual)

@@ -17,21 +17,75 @@ def _configs():
     from transformers import BartConfig, GPT2Config, LlamaConfig, MarianConfig, T5Config
 
     return {
-        "t5": T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=2,
-                       num_heads=2, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
-        "bart": BartConfig(vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=2,
-                           encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                           decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=1, bos_token_id=0,
-                           eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None),
-        "marian": MarianConfig(vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=2,
-                               encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                               decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=VOCAB - 1,
-                               eos_token_id=0, decoder_start_token_id=VOCAB - 1, forced_eos_token_id=None),
-        "gpt2": GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=64, bos_token_id=0,
-                           eos_token_id=1),
-        "llama": LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                             bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False),
+        "t5": T5Config(
+            tie_word_embeddings=False,
+            vocab_size=VOCAB,
+            d_model=16,
+            d_kv=8,
+            d_ff=32,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=2,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+        ),
+        "bart": BartConfig(
+            tie_word_embeddings=False,
+            vocab_size=VOCAB,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=2,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=64,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+        ),
+        "marian": MarianConfig(
+            tie_word_embeddings=False,
+            vocab_size=VOCAB,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=2,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=64,
+            pad_token_id=VOCAB - 1,
+            eos_token_id=0,
+            decoder_start_token_id=VOCAB - 1,
+            forced_eos_token_id=None,
+        ),
+        "gpt2": GPT2Config(
+            tie_word_embeddings=False,
+            vocab_size=VOCAB,
+            n_embd=16,
+            n_layer=2,
+            n_head=2,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=1,
+        ),
+        "llama": LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=2,
+            tie_word_embeddings=False,
+        ),
     }
 
 
@@ -52,16 +106,18 @@ def tiny_model(name: str, seed: int = 0):
     model.eval()
     with torch.no_grad():
         head = model.get_output_embeddings().weight
-        head.mul_(6.0)
-        head[config.eos_token_id] += 0.5 * head.abs().mean() * torch.sign(head[config.eos_token_id])
+        head.normal_(0.0, 0.8)  # untied: peaked, input-dependent distributions without self-repetition
+        head[config.eos_token_id] *= 1.3
     return model
 
 
 def random_inputs(model, batch_size: int, generator: torch.Generator):
     """Token ids ``[B, S]`` and an attention mask with padding (left for decoder-only, right for seq2seq)."""
     config = model.config
-    specials = {getattr(config, name, None) for name in
-                ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")}
+    specials = {
+        getattr(config, name, None)
+        for name in ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id")
+    }
     allowed = torch.tensor([t for t in range(VOCAB) if t not in specials])
     length = int(torch.randint(2, 7, (1,), generator=generator))
     ids = allowed[torch.randint(len(allowed), (batch_size, length), generator=generator)]
@@ -72,8 +128,8 @@ def random_inputs(model, batch_size: int, generator: torch.Generator):
         if cut == 0:
             continue
         if config.is_encoder_decoder:
-            mask[row, length - cut:] = 0
-            ids[row, length - cut:] = pad
+            mask[row, length - cut :] = 0
+            ids[row, length - cut :] = pad
         else:
             mask[row, :cut] = 0
             ids[row, :cut] = pad
