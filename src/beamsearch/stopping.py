@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .merging import merge_user_items
 from .results import FinishReason
 
 __all__ = ["EosTokenCriteria", "FinishReason", "MaxLengthCriteria", "MaxTimeCriteria", "StopStringCriteria",
@@ -262,13 +263,6 @@ class StoppingCriteriaList(list):
         return None
 
 
-def _same_kind(custom: Any, default: Any) -> bool:
-    """Whether a user criterion replaces a built-in one: same type, or the Hugging Face class of that name."""
-    kind = type(custom)
-    return kind is type(default) or (kind.__name__ == type(default).__name__
-                                     and kind.__module__.startswith("transformers."))
-
-
 def build_stopping_criteria(options: Any, prompt_length: int, tokenizer: Any = None,
                             user_criteria: Iterable[Any] | None = ()) -> StoppingCriteriaList:
     """The criteria of a search, in Hugging Face's order: max length, max time, stop strings, eos.
@@ -293,10 +287,7 @@ def build_stopping_criteria(options: Any, prompt_length: int, tokenizer: Any = N
         criteria.append(StopStringCriteria(tokenizer, list(options.stop_strings)))
     if options.eos_token_id:
         criteria.append(EosTokenCriteria(list(options.eos_token_id)))
-    custom = list(user_criteria or ())
-    merged = [next((c for c in custom if _same_kind(c, d)), d) for d in criteria]
-    merged += [c for c in custom if c not in merged]
-    return StoppingCriteriaList(merged)
+    return StoppingCriteriaList(merge_user_items(criteria, list(user_criteria or ())))
 
 
 def classify_stop(input_ids: torch.LongTensor, stopped: torch.BoolTensor,

@@ -6,10 +6,10 @@ Shape legend: N rows, V vocabulary, t tokens so far (prompt included).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 
+from ..merging import merge_user_items
 from ..options import SearchOptions
 from .masks import (
     ForcedBOSTokenLogitsProcessor,
@@ -93,7 +93,7 @@ def build_processors(
         begin_index = prompt_length + 1 if shifted else prompt_length
         defaults.append(SuppressTokensAtBeginLogitsProcessor(options.begin_suppress_tokens, begin_index))
 
-    processors = ProcessorList(_merge(defaults, list(user_processors)))
+    processors = ProcessorList(merge_user_items(defaults, list(user_processors)))
     if options.do_sample:
         processors.extend(_warpers(options))
     if options.renormalize_logits:
@@ -123,22 +123,3 @@ def _warpers(options: SearchOptions) -> list[Processor]:
     if 0.0 < options.eta_cutoff < 1.0:
         warpers.append(EtaLogitsWarper(options.eta_cutoff, min_tokens_to_keep=keep))
     return warpers
-
-
-def _same_kind(custom: Any, default: Any) -> bool:
-    """Whether a user processor replaces a built-in one: same type, or the Hugging Face class of that name."""
-    kind = type(custom)
-    if kind is type(default):
-        return True
-    return kind.__name__ == type(default).__name__ and kind.__module__.startswith("transformers.")
-
-
-def _merge(defaults: list[Processor], custom: list[Processor]) -> list[Processor]:
-    """As HF's ``_merge_criteria_processor_list``: same-kind ones replace built-ins, the rest follow."""
-    if not custom:
-        return defaults
-    merged = [next((c for c in custom if _same_kind(c, d)), d) for d in defaults]
-    for c in custom:
-        if c not in merged:  # membership as in Hugging Face (identity, or __eq__ if defined)
-            merged.append(c)
-    return merged
