@@ -135,3 +135,35 @@ def test_core_imports_and_searches_without_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": src},
                          check=True)
     assert out.stdout.strip() == "[1, 4, 4, 4]"
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"num_beams": 4, "num_return_sequences": 2, "no_repeat_ngram_size": 2, "repetition_penalty": 1.2},
+    {"num_beams": 3, "do_sample": True, "top_p": 0.9, "min_new_tokens": 2},
+    {"do_sample": True, "num_return_sequences": 2, "temperature": 0.7, "bad_words_ids": [[3, 4]]},
+    {"suppress_tokens": [5], "forced_eos_token_id": 0},
+])
+def test_at_most_one_host_synchronisation_per_step(monkeypatch, kwargs):
+    """Count the tensor -> Python conversions during a search: one per step (the 'all done?' check)."""
+    model = PrefixModel(vocab_size=9, seed=2)
+    steps = []
+
+    def step(tokens, state):
+        steps.append(tokens.shape[1])
+        return model.logits_for(tokens), state
+
+    conversions = []
+    for method in ("__bool__", "item", "tolist", "__int__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, method)
+
+        def counted(self, *args, _original=original, **kw):
+            conversions.append(1)
+            return _original(self, *args, **kw)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    result = beamsearch.search(step, torch.tensor([[1, 2], [3, 4]]), max_new_tokens=8, eos_token_id=0, **kwargs)
+    monkeypatch.undo()
+    assert len(steps) >= 2
+    # one check per step, one before the first step, and the final crop of the result
+    assert len(conversions) <= len(steps) + 2, (len(conversions), len(steps))
+    assert result.sequences.shape[0] == 2
