@@ -11,6 +11,8 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python requirements-dev.txt pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements-dev.txt
+	# g2p-en only for its trained GRU weights (examples/g2p_en_gru.py); its own dependencies fetch NLTK data
+	$(BIN)/pip install -q --no-deps g2p-en==2.1.0
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 
