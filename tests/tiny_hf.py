@@ -1,7 +1,8 @@
 """Tiny Hugging Face models with random weights, built from configs (no downloads).
 
-Output embeddings are scaled up so that distributions are peaked and input-dependent, and the
-EOS rows are boosted so that hypotheses finish at varied steps.
+Output heads are untied and redrawn with a large scale so that distributions are peaked and
+input-dependent without self-repetition, and the EOS rows are boosted so that hypotheses finish at
+varied steps.
 """
 
 from __future__ import annotations
@@ -16,76 +17,19 @@ VOCAB = 40
 def _configs():
     from transformers import BartConfig, GPT2Config, LlamaConfig, MarianConfig, T5Config
 
+    untied = {"vocab_size": VOCAB, "tie_word_embeddings": False}
+    bart_like = dict(untied, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+                     forced_eos_token_id=None)
     return {
-        "t5": T5Config(
-            tie_word_embeddings=False,
-            vocab_size=VOCAB,
-            d_model=16,
-            d_kv=8,
-            d_ff=32,
-            num_layers=2,
-            num_decoder_layers=2,
-            num_heads=2,
-            pad_token_id=0,
-            eos_token_id=1,
-            decoder_start_token_id=0,
-        ),
-        "bart": BartConfig(
-            tie_word_embeddings=False,
-            vocab_size=VOCAB,
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=2,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            max_position_embeddings=64,
-            pad_token_id=1,
-            bos_token_id=0,
-            eos_token_id=2,
-            decoder_start_token_id=2,
-            forced_eos_token_id=None,
-        ),
-        "marian": MarianConfig(
-            tie_word_embeddings=False,
-            vocab_size=VOCAB,
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=2,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            max_position_embeddings=64,
-            pad_token_id=VOCAB - 1,
-            eos_token_id=0,
-            decoder_start_token_id=VOCAB - 1,
-            forced_eos_token_id=None,
-        ),
-        "gpt2": GPT2Config(
-            tie_word_embeddings=False,
-            vocab_size=VOCAB,
-            n_embd=16,
-            n_layer=2,
-            n_head=2,
-            n_positions=64,
-            bos_token_id=0,
-            eos_token_id=1,
-        ),
-        "llama": LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=64,
-            bos_token_id=0,
-            eos_token_id=1,
-            pad_token_id=2,
-            tie_word_embeddings=False,
-        ),
+        "t5": T5Config(**untied, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2,
+                       pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
+        "bart": BartConfig(**bart_like, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2),
+        "marian": MarianConfig(**bart_like, pad_token_id=VOCAB - 1, eos_token_id=0, decoder_start_token_id=VOCAB - 1),
+        "gpt2": GPT2Config(**untied, n_embd=16, n_layer=2, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=1),
+        "llama": LlamaConfig(**untied, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0, eos_token_id=1,
+                             pad_token_id=2),
     }
 
 
