@@ -114,3 +114,24 @@ def test_stop_strings_match_transformers(name, search):
     expected = model.generate(input_ids=ids, attention_mask=mask, **common)
     actual = beamsearch.generate(model, input_ids=ids, attention_mask=mask, **common)
     assert_same_output(expected, actual)
+
+
+@pytest.mark.parametrize("name", ["bart", "gpt2"])
+def test_search_model_returns_the_full_result_of_the_same_search(name):
+    from beamsearch.adapters.hf import search_model
+
+    model = tiny_model(name)
+    ids, mask = random_inputs(model, 3, torch.Generator().manual_seed(8))
+    common = dict(input_ids=ids, attention_mask=mask, num_beams=4, num_return_sequences=2, max_new_tokens=9,
+                  length_penalty=1.0, return_dict_in_generate=True, output_scores=True)
+    expected = model.generate(**common)
+    result = search_model(model, **common)
+    assert torch.equal(result.sequences.reshape(6, -1), expected.sequences)
+    generated = (result.lengths - result.prompt_length).to(torch.float32)
+    torch.testing.assert_close(result.sum_log_probs / generated, result.sequences_scores, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(result.sequences_scores.reshape(-1), expected.sequences_scores, atol=1e-5, rtol=1e-5)
+    eos = model.config.eos_token_id
+    for b, j in ((b, j) for b in range(3) for j in range(2)):
+        last = int(result.sequences[b, j, int(result.lengths[b, j]) - 1])
+        reason = beamsearch.FinishReason(int(result.finish_reason[b, j]))
+        assert reason is (beamsearch.FinishReason.EOS if last == eos else beamsearch.FinishReason.MAX_LENGTH)

@@ -19,6 +19,8 @@ import torch
 
 from ..engine import search
 from ..options import UNSUPPORTED_OPTIONS, SearchOptions, is_neutral
+from ..results import SearchResult
+from .hf_outputs import to_hf_output
 
 # generate() arguments that change results and that we do not implement.
 _REJECTED_ARGUMENTS = (
@@ -99,6 +101,28 @@ def generate(
     Raises:
         ValueError: an argument or generation option we do not implement (named in the message).
     """
+    result, config, options = _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs)
+    return to_hf_output(model, config, options, result)
+
+
+@torch.no_grad()
+def search_model(
+    model: Any,
+    inputs: torch.Tensor | None = None,
+    generation_config: Any = None,
+    logits_processor: Any = None,
+    stopping_criteria: Any = None,
+    **kwargs: Any,
+) -> SearchResult:
+    """Like :func:`generate` (same arguments and semantics), but returns the full :class:`SearchResult`.
+
+    The result carries per-token log-probs, lengths and finish reasons. For encoder-decoder models
+    its sequences start with the decoder start token; for decoder-only models, with the prompt.
+    """
+    return _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs)[0]
+
+
+def _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs):
     for name in _REJECTED_ARGUMENTS:
         if kwargs.get(name) is not None:
             raise ValueError(f"generate() argument {name!r} is not supported by beamsearch")
@@ -119,9 +143,7 @@ def generate(
         options=options,
         fill_token_id=_fill_token(config, options),
     )
-    from .hf_outputs import to_hf_output
-
-    return to_hf_output(model, config, options, result)
+    return result, config, options
 
 
 def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
