@@ -17,7 +17,7 @@ $(STAMP): $(BIN)/python requirements-dev.txt pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python examples/quickstart.py
+	$(BIN)/beamsearch decode examples/words.txt --num-beams 5 --num-return-sequences 3 --format tsv
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

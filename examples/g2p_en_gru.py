@@ -7,6 +7,7 @@ below is a plain PyTorch GRU cell; ``beamsearch.search`` does the rest.
 
     pip install --no-deps g2p-en
     python examples/g2p_en_gru.py hello beamsearch pronunciation
+    python examples/g2p_en_gru.py --eval      # WER / PER on the shipped CMUdict test split
 """
 
 from __future__ import annotations
@@ -91,7 +92,29 @@ def phones(result: beamsearch.SearchResult, b: int, j: int = 0) -> list[str]:
     return [PHONEMES[t] for t in result.sequences[b, j, 1:length].tolist() if t != END]
 
 
+def evaluate(beams: tuple[int, ...] = (1, 5)) -> None:
+    """WER / PER on the test words made only of a-z (g2p-en's alphabet)."""
+    from beamsearch.evaluation import read_references, score
+
+    path = Path(beamsearch.__file__).parent / "data" / "cmudict" / "test.tsv"
+    entries = [(w, refs) for w, refs in read_references(path) if w.isalpha() and w.isascii()]
+    model = G2pEnGRU()
+    for k in beams:
+        hyps = []
+        for i in range(0, len(entries), 200):
+            batch = [w for w, _ in entries[i : i + 200]]
+            result = model.pronounce(batch, num_beams=k)
+            hyps += [phones(result, b) for b in range(len(batch))]
+        s = score(hyps, [r for _, r in entries])
+        name = "greedy" if k == 1 else f"beam {k}"
+        print(f"{name}: {s.n} words, WER {s.wer:.2f}% (stress removed), {s.wer_stress:.2f}% (with stress), ", end="")
+        print(f"PER {s.per:.2f}%")
+
+
 def main(argv: list[str]) -> None:
+    if argv == ["--eval"]:
+        evaluate()
+        return
     words = argv or ["hello", "beamsearch", "pronunciation", "gnocchi"]
     model = G2pEnGRU()
     result = model.pronounce(words, num_beams=5, num_return_sequences=3)

@@ -48,7 +48,7 @@ def numpy_greedy(weights, word: str, max_steps: int = 20) -> list[str]:
 
 
 def cmudict_test_rows(limit: int):
-    rows = [line.split("\t") for line in (ROOT / "data/cmudict/test.tsv").read_text().splitlines()]
+    rows = [line.split("\t") for line in (ROOT / "src/beamsearch/data/cmudict/test.tsv").read_text().splitlines()]
     rows = [(r[0], [p.split() for p in r[1:]]) for r in rows if set(r[0]) <= set(GRAPHEMES[3:])]
     return rows[:limit]
 

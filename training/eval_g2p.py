@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, r in res.items():
         print(
             f"{args.split} {name}: WER {r['wer']:.2f}%  WER(stress) {r['wer_stress']:.2f}%  PER {r['per']:.2f}%"
-            f"  ({r['n_words']} words, {r['seconds']}s)"
+            f"  ({r['n']} words, {r['seconds']}s)"
         )
     print(json.dumps(res))
 

