@@ -14,14 +14,15 @@ from .beams import reorder_state
 from .results import SearchResult
 from .strategies.base import Strategy
 
-StepFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+StepFn = Callable[[torch.Tensor, Any], tuple]  # -> (logits, state) or (logits, state, attention)
 
 
 def decode(step: StepFn, state: Any, strategy: Strategy, batch_size: int) -> SearchResult:
     """Drive ``step`` until the strategy is done.
 
     Args:
-        step: ``(tokens [N, t], state) -> (logits [N, V], state)``; the model never sees beams.
+        step: ``(tokens [N, t], state) -> (logits [N, V], state)``, or ``(logits, state, attention [N, S])``
+            when a coverage penalty needs the attention over the source; the model never sees beams.
         state: the model state for the ``B`` examples (row dimension first), expanded here to ``N`` rows.
         strategy: owns the search tensors; returns parent rows after each step.
         batch_size: B.
@@ -30,9 +31,12 @@ def decode(step: StepFn, state: Any, strategy: Strategy, batch_size: int) -> Sea
     expand = torch.arange(batch_size, device=device).repeat_interleave(strategy.rows_per_example)  # [N]
     state = reorder_state(state, expand)
     while not strategy.is_done():
-        logits, state = step(strategy.tokens(), state)
+        out = step(strategy.tokens(), state)
+        if not isinstance(out, tuple) or len(out) not in (2, 3):
+            raise ValueError(f"step must return (logits, state) or (logits, state, attention), got {type(out).__name__}")
+        logits, state, *extra = out
         _check_logits(logits, strategy.tokens().shape[0])
-        parents = strategy.advance(logits.float())
+        parents = strategy.advance(logits.float(), extra[0] if extra else None)
         if parents is not None:
             state = reorder_state(state, parents)
     return strategy.result()

@@ -39,6 +39,10 @@ UNSUPPORTED_OPTIONS: dict[str, tuple] = {
 }
 
 
+SEMANTICS = ("hf", "onmt", "t2t", "ct2")
+LENGTH_PENALTY_TYPES = ("hf", "wu", "gnmt", "avg", "none")
+
+
 def is_neutral(name: str, value: Any) -> bool:
     """Whether an unsupported option holds a value that changes nothing (None or its no-op value)."""
     return value is None or any(value == neutral for neutral in UNSUPPORTED_OPTIONS[name])
@@ -91,6 +95,18 @@ class SearchOptions:
     # outputs
     output_scores: bool = False
     output_logits: bool = False
+    # other toolkits' semantics (see the README's preset table)
+    semantics: str = "hf"  # "hf", "onmt", "t2t", "ct2": whose beam search (scoring and stopping) to run
+    length_penalty_type: str | None = None  # "hf", "wu" (= "gnmt"), "avg", "none"; None: the preset's
+    coverage_penalty: str = "none"  # "none", "wu", "summary" (needs cross-attention from the step)
+    coverage_beta: float = 0.0
+    stepwise_penalty: bool = False  # OpenNMT: apply the coverage penalty at every step
+    patience: float = 1.0  # CTranslate2: search until patience x num_beams hypotheses have finished
+    ratio: float = 0.0  # OpenNMT: stop a hypothesis at ratio x source length (0: off)
+    max_len_a: float = 0.0  # fairseq: at most max_len_a * source_length + max_len_b generated tokens
+    max_len_b: int | None = None
+    block_ngram_repeat: int = 0  # OpenNMT n-gram blocking (with ignore_when_blocking exclusions)
+    ignore_when_blocking: tuple[int, ...] = ()
 
     @classmethod
     def create(cls, **kwargs: Any) -> SearchOptions:
@@ -159,8 +175,32 @@ class SearchOptions:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
         self._validate_warpers()
+        self._validate_toolkit_options()
         if self.stop_strings is not None and (not self.stop_strings or any(not s for s in self.stop_strings)):
             raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+
+    def _validate_toolkit_options(self) -> None:
+        if self.semantics not in SEMANTICS:
+            raise ValueError(f"semantics must be one of {sorted(SEMANTICS)}, got {self.semantics!r}")
+        if self.length_penalty_type is not None and self.length_penalty_type not in LENGTH_PENALTY_TYPES:
+            raise ValueError(
+                f"length_penalty_type must be one of {sorted(LENGTH_PENALTY_TYPES)}, got {self.length_penalty_type!r}"
+            )
+        if self.coverage_penalty not in ("none", "wu", "summary"):
+            raise ValueError(f"coverage_penalty must be 'none', 'wu' or 'summary', got {self.coverage_penalty!r}")
+        if not isinstance(self.coverage_beta, (int, float)) or self.coverage_beta < 0:
+            raise ValueError(f"coverage_beta must be a number >= 0, got {self.coverage_beta!r}")
+        if not isinstance(self.patience, (int, float)) or not self.patience > 0:
+            raise ValueError(f"patience must be > 0, got {self.patience!r}")
+        if not isinstance(self.ratio, (int, float)) or self.ratio < 0:
+            raise ValueError(f"ratio must be >= 0, got {self.ratio!r}")
+        if not isinstance(self.max_len_a, (int, float)) or self.max_len_a < 0:
+            raise ValueError(f"max_len_a must be >= 0, got {self.max_len_a!r}")
+        if self.max_len_b is not None:
+            _check_int("max_len_b", self.max_len_b, minimum=0)
+        _check_int("block_ngram_repeat", self.block_ngram_repeat, minimum=0)
+        for token in self.ignore_when_blocking:
+            _check_int("ignore_when_blocking", token, minimum=0)
 
     def _validate_warpers(self) -> None:
         if not self.temperature > 0:
@@ -214,6 +254,8 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     for name in ("eos_token_id", "suppress_tokens", "begin_suppress_tokens", "forced_eos_token_id"):
         if name in values:
             values[name] = _as_tuple(values[name])
+    if "ignore_when_blocking" in values:
+        values["ignore_when_blocking"] = _as_tuple(values["ignore_when_blocking"]) or ()
     if values.get("bad_words_ids") is not None:
         words = values["bad_words_ids"]
         if not isinstance(words, Sequence) or isinstance(words, (str, bytes)):

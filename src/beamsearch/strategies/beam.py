@@ -74,7 +74,7 @@ class BeamSearch:
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
 
-    def advance(self, logits: torch.Tensor) -> torch.Tensor:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
         """One step; returns the flat parent row of each new live beam, ``[N]``."""
         b, k = self.batch_size, self.rows_per_example
         log_probs = self.processors(self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]

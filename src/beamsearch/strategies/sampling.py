@@ -62,7 +62,7 @@ class SamplingSearch:
     def tokens(self) -> torch.Tensor:
         return self.sequences[:, : self.length]  # [N, t]
 
-    def advance(self, logits: torch.Tensor) -> None:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> None:
         """One step: process, pick a token per row, pad finished rows, update stopping state."""
         tokens = self.tokens()
         scores = self.processors(tokens, logits)  # [N, V]
