@@ -33,7 +33,8 @@ def decode(step: StepFn, state: Any, strategy: Strategy, batch_size: int) -> Sea
     while not strategy.is_done():
         out = step(strategy.tokens(), state)
         if not isinstance(out, tuple) or len(out) not in (2, 3):
-            raise ValueError(f"step must return (logits, state) or (logits, state, attention), got {type(out).__name__}")
+            got = type(out).__name__
+            raise ValueError(f"step must return (logits, state) or (logits, state, attention), got {got}")
         logits, state, *extra = out
         _check_logits(logits, strategy.tokens().shape[0])
         parents = strategy.advance(logits.float(), extra[0] if extra else None)
