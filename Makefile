@@ -13,6 +13,8 @@ $(STAMP): $(BIN)/python requirements-dev.txt pyproject.toml
 	$(BIN)/pip install -q -r requirements-dev.txt
 	# g2p-en only for its trained GRU weights (examples/g2p_en_gru.py); its own dependencies fetch NLTK data
 	$(BIN)/pip install -q --no-deps g2p-en==2.1.0
+	# reference implementations for the toolkit-semantics tests (their own pins would replace torch)
+	$(BIN)/pip install -q --no-deps opennmt-py==3.5.1 pyonmttok==1.38.1 ctranslate2==4.8.5
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 

@@ -26,6 +26,7 @@ def search(
     stopping_criteria: Sequence[Any] = (),
     tokenizer: Any = None,
     padding_lengths: torch.Tensor | None = None,
+    source_lengths: torch.Tensor | None = None,
     options: SearchOptions | None = None,
     fill_token_id: int | None = None,
     **kwargs: Any,
@@ -46,6 +47,8 @@ def search(
         tokenizer: needed for ``stop_strings``.
         padding_lengths: LongTensor ``[B]`` of left-padding positions per example (for
             ``repetition_penalty``, which ignores them as Hugging Face does).
+        source_lengths: LongTensor ``[B]`` of source lengths, for limits tied to them (``max_len_a`` /
+            ``max_len_b``, OpenNMT's ``ratio``); the Hugging Face adapter passes the encoder input lengths.
         options: a prepared :class:`SearchOptions`; otherwise built from ``kwargs``.
         fill_token_id: the token that pads returned sequences (default: pad, else first eos, else 0).
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
@@ -74,7 +77,12 @@ def search(
         length_penalty=options.length_penalty,
         trace=trace,
     )
-    if options.num_beams > 1:
+    if options.num_beams > 1 and options.semantics != "hf":
+        strategy = toolkit_strategy(options.semantics)(
+            input_ids, max_length, processors, criteria,
+            options=options, fill_token_id=fill, trace=trace, source_lengths=source_lengths,
+        )
+    elif options.num_beams > 1:
         strategy = BeamSearch(
             input_ids, options.num_beams, max_length, processors, criteria,
             fill_token_id=fill, early_stopping=options.early_stopping,
@@ -85,6 +93,21 @@ def search(
             input_ids, rows, max_length, processors, criteria, pad_token_id=fill, **common
         )
     return decode(step, state, strategy, batch_size)
+
+
+def toolkit_strategy(semantics: str) -> type:
+    """The beam search class reproducing one toolkit's scoring and stopping."""
+    if semantics == "t2t":
+        from .strategies.t2t import T2TBeamSearch
+
+        return T2TBeamSearch
+    if semantics == "onmt":
+        from .strategies.onmt import ONMTBeamSearch
+
+        return ONMTBeamSearch
+    from .strategies.ct2 import CT2BeamSearch
+
+    return CT2BeamSearch
 
 
 def _check_input_ids(input_ids: Any) -> None:
