@@ -67,7 +67,15 @@ def search(
     rows = options.num_beams if options.num_beams > 1 else options.num_return_sequences
     if padding_lengths is not None:
         padding_lengths = padding_lengths.repeat_interleave(rows)
-    processors = build_processors(options, prompt_length, padding_lengths, list(logits_processor))
+    row_source_lengths = None
+    if source_lengths is not None:
+        source_lengths = torch.as_tensor(source_lengths, dtype=torch.long, device=input_ids.device)
+        if source_lengths.shape != (batch_size,):
+            raise ValueError(f"source_lengths must have shape [B={batch_size}], got {tuple(source_lengths.shape)}")
+        row_source_lengths = source_lengths.repeat_interleave(rows)
+    processors = build_processors(
+        options, prompt_length, padding_lengths, list(logits_processor), source_lengths=row_source_lengths
+    )
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
     trace = StepTrace(options.output_scores, options.output_logits)
     fill = options.output_fill_token if fill_token_id is None else fill_token_id

@@ -40,6 +40,27 @@ UNSUPPORTED_OPTIONS: dict[str, tuple] = {
 
 
 SEMANTICS = ("hf", "onmt", "t2t", "ct2")
+# Options beyond transformers' GenerationConfig (the Hugging Face adapter takes them from the call's kwargs).
+TOOLKIT_OPTIONS = (
+    "semantics",
+    "length_penalty_type",
+    "coverage_penalty",
+    "coverage_beta",
+    "stepwise_penalty",
+    "patience",
+    "ratio",
+    "max_len_a",
+    "max_len_b",
+    "block_ngram_repeat",
+    "ignore_when_blocking",
+)
+# What each semantics preset sets for the options the caller leaves unset (None): that toolkit's defaults.
+PRESETS: dict[str, dict[str, Any]] = {
+    "hf": {},
+    "t2t": {"length_penalty": 0.6, "early_stopping": True},
+    "onmt": {},
+    "ct2": {},
+}
 LENGTH_PENALTY_TYPES = ("hf", "wu", "gnmt", "avg", "none")
 
 
@@ -125,6 +146,10 @@ class SearchOptions:
             if name not in known:
                 raise ValueError(f"unknown option {name!r}")
         values = {k: v for k, v in kwargs.items() if k in known}
+        for name, value in PRESETS.get(values.get("semantics") or "hf", {}).items():
+            if values.get(name) is None:
+                values[name] = value
+        values = {k: v for k, v in values.items() if v is not None or k in _NULLABLE}
         values = _normalize(values)
         options = cls(**values)
         options.validate()
@@ -167,6 +192,8 @@ class SearchOptions:
         needs_eos = {
             "min_length": self.min_length > 0,
             "min_new_tokens": bool(self.min_new_tokens),
+            "max_len_a": self.max_len_a > 0,
+            "max_len_b": self.max_len_b is not None,
         }
         for name, used in needs_eos.items():
             if used and not self.eos_token_id:
@@ -232,6 +259,9 @@ class SearchOptions:
         if self.eos_token_id:
             return self.eos_token_id[0]
         return 0
+
+
+_NULLABLE = {f.name for f in dataclasses.fields(SearchOptions) if f.default is None}
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..engine import search
-from ..options import UNSUPPORTED_OPTIONS, SearchOptions, is_neutral
+from ..options import PRESETS, TOOLKIT_OPTIONS, UNSUPPORTED_OPTIONS, SearchOptions, is_neutral
 from ..results import SearchResult
 from .hf_outputs import to_hf_output
 
@@ -129,9 +129,10 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     if kwargs.pop("trust_remote_code", None):
         raise ValueError("beamsearch never enables trust_remote_code")
     tokenizer = kwargs.pop("tokenizer", None)
+    toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
-    options = _options_from_config(config)
+    options = _options_from_config(config, toolkit)
     result = search(
         hf_step,
         setup["input_ids"],
@@ -140,6 +141,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         stopping_criteria=list(stopping_criteria or ()),
         tokenizer=tokenizer,
         padding_lengths=setup["padding_lengths"],
+        source_lengths=setup["source_lengths"],
         options=options,
         fill_token_id=_fill_token(config, options),
     )
@@ -175,6 +177,11 @@ def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, 
         )
     if model_kwargs.get("position_ids") is None and "position_ids" in forward_args and not is_encoder_decoder:
         model_kwargs["position_ids"] = model._prepare_position_ids_for_generation(inputs_tensor, model_kwargs)
+    source_mask = model_kwargs.get("attention_mask")
+    if source_mask is not None:
+        source_lengths = (source_mask != 0).sum(dim=1)
+    else:
+        source_lengths = torch.full((batch_size,), inputs_tensor.shape[1], device=inputs_tensor.device)
     mask = model_kwargs.get("decoder_attention_mask" if is_encoder_decoder else "attention_mask")
     padding_lengths = (mask != 0).int().argmax(dim=1) if mask is not None else None
     if not is_encoder_decoder and "attention_mask" in forward_args and (model_kwargs["attention_mask"] == 1).all():
@@ -213,6 +220,7 @@ def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, 
         "model_kwargs": model_kwargs,
         "input_ids": input_ids,
         "padding_lengths": padding_lengths,
+        "source_lengths": source_lengths,
     }
 
 
@@ -225,8 +233,12 @@ def _check_config(config: Any) -> None:
         raise ValueError(f"cache_implementation={config.cache_implementation!r} is not supported by beamsearch")
 
 
-def _options_from_config(config: Any) -> SearchOptions:
+def _options_from_config(config: Any, toolkit: dict[str, Any] | None = None) -> SearchOptions:
     values = {name: getattr(config, name) for name in _SEARCH_FIELDS if hasattr(config, name)}
+    values.update(toolkit or {})
+    for name, value in PRESETS.get(values.get("semantics") or "hf", {}).items():
+        if values.get(name) is None:
+            values[name] = value
     values["eos_token_id"] = _token_list(config._eos_token_tensor)
     values["pad_token_id"] = _token_int(config._pad_token_tensor)
     values["bos_token_id"] = _token_int(config._bos_token_tensor)

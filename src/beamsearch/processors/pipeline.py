@@ -11,6 +11,7 @@ import torch
 
 from ..merging import merge_user_items
 from ..options import SearchOptions
+from .limits import SourceTiedMaxLength
 from .masks import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -50,6 +51,7 @@ def build_processors(
     prompt_length: int,
     padding_lengths: torch.Tensor | None = None,
     user_processors: Iterable[Processor] = (),
+    source_lengths: torch.Tensor | None = None,
 ) -> ProcessorList:
     """The processors of a search, in the order of Hugging Face ``_get_logits_processor``.
 
@@ -63,6 +65,7 @@ def build_processors(
         padding_lengths: LongTensor ``[N]`` of leading pad positions per row, ignored by the
             repetition penalty; None if there is no padding.
         user_processors: extra processors ``(input_ids [N, t], scores [N, V]) -> scores [N, V]``.
+        source_lengths: LongTensor ``[N]`` of each row's source length (for ``max_len_a`` / ``max_len_b``).
 
     Returns:
         A :class:`ProcessorList`.
@@ -92,6 +95,12 @@ def build_processors(
         shifted = prompt_length <= 1 and options.forced_bos_token_id is not None  # the forced bos comes first
         begin_index = prompt_length + 1 if shifted else prompt_length
         defaults.append(SuppressTokensAtBeginLogitsProcessor(options.begin_suppress_tokens, begin_index))
+
+    if options.max_len_b is not None or options.max_len_a > 0:
+        if source_lengths is None:
+            raise ValueError("max_len_a / max_len_b need the source lengths (search(..., source_lengths=))")
+        a, b = options.max_len_a, options.max_len_b or 0
+        defaults.append(SourceTiedMaxLength(a, b, source_lengths, prompt_length, eos[0]))
 
     processors = ProcessorList(merge_user_items(defaults, list(user_processors)))
     if options.do_sample:

@@ -1,0 +1,137 @@
+"""Source-tied length limits (fairseq's max_len_a / max_len_b) and the semantics presets' defaults."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fakes import PrefixModel
+
+import beamsearch
+from beamsearch.options import PRESETS, SearchOptions
+
+EOS = 0
+
+
+def no_eos_model(vocab: int = 9, seed: int = 0):
+    """A prefix-dependent model that never chooses EOS on its own (its logit is far below the rest)."""
+    model = PrefixModel(vocab, seed=seed)
+
+    def step(tokens, state):
+        logits, state = model(tokens, state)
+        logits = logits.clone()
+        logits[:, EOS] = -1e4
+        return logits, state
+
+    return step
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+@pytest.mark.parametrize(("a", "b"), [(0.0, 3), (1.0, 0), (0.5, 2), (1.5, 1)])
+def test_each_example_stops_at_its_own_limit(num_beams, a, b):
+    source_lengths = torch.tensor([1, 4, 7])
+    start = torch.tensor([[5], [6], [7]])
+    result = beamsearch.search(
+        no_eos_model(),
+        start,
+        num_beams=num_beams,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+        max_new_tokens=40,
+        max_len_a=a,
+        max_len_b=b,
+        source_lengths=source_lengths,
+    )
+    for i, n in enumerate(source_lengths.tolist()):
+        limit = math.floor(a * n + b)
+        generated = result.sequences[i, 0, 1 : int(result.lengths[i, 0])]
+        # fairseq: `limit` free tokens, then EOS is forced
+        assert len(generated) == limit + 1, (i, generated)
+        assert generated[-1] == EOS and (generated[:-1] != EOS).all()
+        assert result.finish_reason[i, 0] == beamsearch.FinishReason.EOS
+
+
+def test_the_global_limit_still_applies():
+    result = beamsearch.search(
+        no_eos_model(),
+        torch.tensor([[5]]),
+        eos_token_id=EOS,
+        max_new_tokens=4,
+        max_len_a=2.0,
+        max_len_b=5,
+        source_lengths=torch.tensor([10]),
+    )
+    assert int(result.lengths[0, 0]) == 1 + 4
+    assert result.finish_reason[0, 0] == beamsearch.FinishReason.MAX_LENGTH
+
+
+def test_forced_eos_scores_are_the_model_log_probs():
+    model = PrefixModel(9, seed=3)
+    step = no_eos_model(seed=3)
+    result = beamsearch.search(
+        step,
+        torch.tensor([[2]]),
+        num_beams=2,
+        eos_token_id=EOS,
+        max_new_tokens=10,
+        max_len_b=2,
+        source_lengths=torch.tensor([5]),
+        length_penalty=0.0,
+    )
+    seq = result.sequences[0, 0, : int(result.lengths[0, 0])].tolist()
+    # the last token was forced: its log-prob is the model's (shifted EOS logit) log-prob, not 0
+    logits = step(torch.tensor([seq[:-1]]), None)[0]
+    assert float(result.token_log_probs[0, 0, -1]) == pytest.approx(
+        float(torch.log_softmax(logits, -1)[0, EOS]), abs=1e-4
+    )
+    assert len(seq) == 1 + 2 + 1 and model is not None
+
+
+def test_bad_source_limit_options():
+    with pytest.raises(ValueError, match="max_len_b needs eos_token_id"):
+        SearchOptions.create(max_len_b=3)
+    with pytest.raises(ValueError, match="max_len_a must be >= 0"):
+        SearchOptions.create(max_len_a=-1.0, eos_token_id=0)
+    with pytest.raises(ValueError, match="need the source lengths"):
+        beamsearch.search(no_eos_model(), torch.tensor([[1]]), eos_token_id=EOS, max_len_b=2)
+    with pytest.raises(ValueError, match="source_lengths must have shape"):
+        beamsearch.search(
+            no_eos_model(), torch.tensor([[1]]), eos_token_id=EOS, max_len_b=2, source_lengths=torch.tensor([1, 2])
+        )
+    with pytest.raises(ValueError, match="semantics must be one of"):
+        SearchOptions.create(semantics="fairseq")
+
+
+def test_hf_adapter_ties_the_limit_to_the_unpadded_source():
+    pytest.importorskip("transformers")
+    from tiny_hf import tiny_model
+
+    model = tiny_model("t5")
+    source = torch.randint(2, 40, (2, 6))
+    mask = torch.ones_like(source)
+    mask[1, 3:] = 0  # the second source is 3 tokens long
+    from beamsearch.adapters.hf import search_model
+
+    def no_natural_eos(ids, scores):  # runs after the limit: EOS stays the only finite choice there
+        return scores - 1e4 * torch.nn.functional.one_hot(torch.tensor(1), scores.shape[1])
+
+    result = search_model(
+        model,
+        input_ids=source,
+        attention_mask=mask,
+        num_beams=2,
+        max_new_tokens=30,
+        max_len_a=1.0,
+        max_len_b=1,
+        logits_processor=[no_natural_eos],
+    )
+    assert result.lengths[:, 0].tolist() == [1 + 7 + 1, 1 + 4 + 1]
+
+
+def test_presets_fill_only_unset_options():
+    t2t = SearchOptions.create(semantics="t2t")
+    assert (t2t.length_penalty, t2t.early_stopping) == (PRESETS["t2t"]["length_penalty"], True)
+    mine = SearchOptions.create(semantics="t2t", length_penalty=1.0, early_stopping=False)
+    assert (mine.length_penalty, mine.early_stopping) == (1.0, False)
+    assert SearchOptions.create().length_penalty == 1.0
