@@ -48,6 +48,7 @@ class HFState:
         self.model_kwargs = model_kwargs
         self.generation_config = generation_config
         self.prefilled = False
+        self.return_attention = False  # coverage penalties: also return the last layer's cross-attention
 
     def reorder(self, index: torch.Tensor) -> HFState:
         for key, value in list(self.model_kwargs.items()):
@@ -80,6 +81,9 @@ def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState
         outputs, kwargs, is_encoder_decoder=model.config.is_encoder_decoder
     )
     logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=tokens.device)  # [N, V]
+    if state.return_attention:
+        attention = outputs.cross_attentions[-1][:, :, -1, :].mean(dim=1).float()  # [N, S], heads averaged
+        return logits, state, attention
     return logits, state
 
 
@@ -133,10 +137,13 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
     options = _options_from_config(config, toolkit)
+    state = HFState(model, setup["model_kwargs"], config)
+    if options.coverage_penalty != "none":
+        _request_cross_attention(model, state)
     result = search(
         hf_step,
         setup["input_ids"],
-        HFState(model, setup["model_kwargs"], config),
+        state,
         logits_processor=list(logits_processor or ()),
         stopping_criteria=list(stopping_criteria or ()),
         tokenizer=tokenizer,
@@ -222,6 +229,20 @@ def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, 
         "padding_lengths": padding_lengths,
         "source_lengths": source_lengths,
     }
+
+
+def _request_cross_attention(model: Any, state: HFState) -> None:
+    """Coverage penalties need the decoder's attention over the source at every step."""
+    if not model.config.is_encoder_decoder:
+        raise ValueError("coverage_penalty needs an encoder-decoder model (attention over a source)")
+    implementation = getattr(model.config, "_attn_implementation", "eager")
+    if implementation != "eager":
+        raise ValueError(
+            f"coverage_penalty needs attention weights, which {implementation!r} attention does not return: "
+            "load the model with attn_implementation='eager'"
+        )
+    state.model_kwargs["output_attentions"] = True
+    state.return_attention = True
 
 
 def _check_config(config: Any) -> None:
