@@ -107,6 +107,6 @@ def bound_is_met(alive, finished, decode_length: int, alpha: float, stop_early: 
     lower_bounds = [beams[0].log_prob / gnmt_penalty(decode_length, alpha) for beams in alive]
     if stop_early:
         bests = [max(hyp.score for hyp in pool) for pool in finished]
-        return all(best > bound for best, bound in zip(bests, lower_bounds))
+        return all(best > bound for best, bound in zip(bests, lower_bounds, strict=True))
     worst = min(hyp.score for pool in finished for hyp in pool)  # over the whole batch, as t2t's reduce_min
     return all(worst > bound for bound in lower_bounds)

@@ -22,8 +22,9 @@ Mapping onto this library (every choice below is t2t's unless it says otherwise)
   included) is G = max_length - t0. alpha is ``length_penalty``, ``stop_early`` is ``early_stopping``.
 - ``INF`` is t2t's finite 1e7; the initial alive log-probs are ``[0, -INF, ...]`` and the finished
   scores ``-INF``. A finished slot never filled holds the start tokens, then fill tokens, score -INF.
-- Ties rank the lower index first, as TF's ``top_k``. The alive log-probs are gathered, not
-  recovered as ``score * penalty`` (a last-bit difference).
+- Ties rank the lower index first, as TF's ``top_k`` (this matters: in float32 ``score - INF`` rounds to
+  ``-INF`` for scores near 0, and the finished pool's empty slots must then win over unfinished candidates).
+  The alive log-probs are gathered, not recovered as ``score * penalty`` (a last-bit difference).
 - Several end ids (t2t has one): a candidate ending with any of them is finished, and C = (1 + E) K
   for E ids (t2t's 2K for one), so that K candidates are always still alive.
 - Stopping criteria other than the length limit (stop strings, ``max_time``, user criteria) end a
