@@ -273,3 +273,19 @@ def test_bad_flag_values(capsys):
     with pytest.raises(SystemExit):
         main(["decode", "--early-stopping", "sometimes"])
     torch.manual_seed(0)
+
+
+def test_toolkit_semantics_flags_reach_the_search(g2p, tmp_path, capsys):
+    from beamsearch.adapters.hf import search_model
+
+    f = write(tmp_path, "in.txt", WORDS[:3])
+    assert (
+        main(["decode", f, "--semantics", "t2t", "--num-beams", "4", "--length-penalty", "0.6", "--format", "tsv"]) == 0
+    )
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    model, tok = g2p
+    for word, row in zip(WORDS[:3], rows, strict=True):
+        r = search_model(model, **tok([word], return_tensors="pt"), semantics="t2t", num_beams=4, length_penalty=0.6)
+        length = int(r.lengths[0, 0])
+        assert row[4] == tok.decode(r.sequences[0, 0, 1:length], skip_special_tokens=True).strip()
+        assert float(row[3]) == pytest.approx(float(r.sequences_scores[0, 0]), abs=1e-5)

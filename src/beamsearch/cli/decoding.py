@@ -26,8 +26,11 @@ class Model:
     warnings: list[str] = field(default_factory=list)
 
 
-def load_model(path: str | None, device: str, lowercase: bool | None) -> Model:
-    """The model and tokenizer of a local directory (the embedded G2P model when ``path`` is None)."""
+def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False) -> Model:
+    """The model and tokenizer of a local directory (the embedded G2P model when ``path`` is None).
+
+    ``eager_attention`` loads it with attention weights available (for coverage penalties).
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
@@ -43,7 +46,8 @@ def load_model(path: str | None, device: str, lowercase: bool | None) -> Model:
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         cls = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-        model = cls.from_pretrained(folder, local_files_only=True)
+        extra = {"attn_implementation": "eager"} if eager_attention else {}
+        model = cls.from_pretrained(folder, local_files_only=True, **extra)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
         raise CLIError(f"--model {folder}: cannot be loaded: {e}") from None

@@ -29,6 +29,14 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--typical-p": ("typical_p", float, "locally typical sampling mass"),
     "--repetition-penalty": ("repetition_penalty", float, "CTRL repetition penalty"),
     "--no-repeat-ngram-size": ("no_repeat_ngram_size", int, "forbid repeating n-grams of this size"),
+    "--semantics": ("semantics", str, "whose beam search: hf (default), onmt, t2t, ct2"),
+    "--length-penalty-type": ("length_penalty_type", str, "hf, wu (gnmt), avg or none (default: the preset's)"),
+    "--coverage-penalty": ("coverage_penalty", str, "none, wu or summary (OpenNMT semantics)"),
+    "--coverage-beta": ("coverage_beta", float, "weight of the coverage penalty"),
+    "--patience": ("patience", float, "CTranslate2 patience factor"),
+    "--max-len-a": ("max_len_a", float, "at most max_len_a * source length + max_len_b tokens (fairseq)"),
+    "--max-len-b": ("max_len_b", int, "see --max-len-a"),
+    "--block-ngram-repeat": ("block_ngram_repeat", int, "OpenNMT n-gram blocking"),
 }
 
 
@@ -140,7 +148,8 @@ def run_decode(args: argparse.Namespace) -> int:
     check_readable(args.files)
     out = Output(args.output, args.format, resume=args.resume, overwrite=args.overwrite)
     try:
-        m = load_model(args.model, args.device, args.lowercase)
+        eager = args.coverage_penalty not in (None, "none")
+        m = load_model(args.model, args.device, args.lowercase, eager_attention=eager)
         if args.seed is not None:
             import torch
 
