@@ -1,0 +1,216 @@
+"""Beam search with the semantics of CTranslate2 (4.x ``BeamSearch::search`` in ``src/decoding.cc``).
+
+What differs from Hugging Face's beam search (``beam.py``), all reproduced here:
+
+* Processors see the raw ``logits`` and the log-softmax comes after them, so a masked end token
+  (``min_new_tokens``) renormalises the other tokens' log-probs.
+* Each step keeps C = 2K candidates. A candidate among the first K that ends (end token, or the last
+  step) registers a hypothesis with its raw score; its place among the live beams goes to the next
+  candidate beyond the first K that does not end, in rank order (if none is left, the ended candidate
+  itself stays live). Ending candidates beyond the first K are dropped.
+* An example stops at the last step, or once ``round(K * patience)`` hypotheses are registered; when
+  ``length_penalty == 0`` (and no coverage penalty) patience is ignored and it stops as soon as the
+  best candidate of some step has ended and ``num_return_sequences`` hypotheses are registered.
+* The final score is ``sum_log_probs / length ** length_penalty`` where the length counts the end
+  token (``decode`` keeps it; the translator strips it from the returned tokens only afterwards);
+  hypotheses are sorted by it, best first.
+
+CTranslate2 drops finished examples from the batch; here they stay, masked (nothing more is
+registered for them), which gives the same results.
+
+Legend: B batch, K beams, C = 2K candidates, N = B*K, V vocabulary, L = max_length, t tokens so far,
+t0 start tokens, G = L - t0 generated positions, P = num_return_sequences (the kept hypotheses).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..beams import flatten_beams, gather_beams, unflatten_beams
+from ..results import FinishReason, SearchResult
+from ..stopping import classify_stop
+from .base import StepTrace
+
+MASK = -1.0e9
+
+
+def ct2_max_hypotheses(num_beams: int, patience: float) -> int:
+    """How many hypotheses end the search of an example: ``round(K * patience)`` (half away from zero)."""
+    return int(math.floor(num_beams * patience + 0.5))
+
+
+def ct2_length_normalised(sum_log_probs: torch.Tensor, lengths: torch.Tensor, length_penalty: float) -> torch.Tensor:
+    """CTranslate2's final score: ``sum_log_probs / length ** length_penalty`` (float32; ``0 ** 0 = 1``).
+
+    Args:
+        sum_log_probs: FloatTensor ``[...]``.
+        lengths: LongTensor ``[...]``, generated tokens, the end token included.
+        length_penalty: the exponent.
+    """
+    return sum_log_probs / torch.pow(lengths.to(torch.float32), length_penalty)
+
+
+class CT2BeamSearch:
+    """CTranslate2's beam search (``semantics="ct2"``, ``num_beams > 1``)."""
+
+    def __init__(self, input_ids, max_length, processors, criteria, *, options, fill_token_id, trace: StepTrace,
+                 source_lengths=None):
+        b, t0 = input_ids.shape
+        k = options.num_beams
+        _check_options(options)
+        device = input_ids.device
+        self.rows_per_example = k
+        self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
+        self.processors, self.criteria, self.trace = processors, criteria, trace
+        self.eos_token_id = options.eos_token_id
+        self.length_penalty = 0.0 if options.length_penalty_type == "none" else float(options.length_penalty)
+        self.num_return_sequences = n = options.num_return_sequences
+        self.max_hypotheses = ct2_max_hypotheses(k, options.patience)
+        self.early_exit = self.length_penalty == 0.0
+        g = max(max_length - t0, 0)
+        self.length = t0
+        self.running_sequences = torch.full((b, k, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
+        self.running_sequences[:, :, :t0] = input_ids[:, None, :]  # [B, K, L]
+        self.running_scores = torch.zeros(b, k, device=device)  # [B, K] float32 sums of log-probs
+        self.running_scores[:, 1:] = MASK  # only the first beam is expanded at the first step
+        self.running_beam_indices = torch.full((b, k, g), -1, dtype=torch.long, device=device)  # [B, K, G]
+        self.running_token_log_probs = torch.zeros(b, k, g, device=device)  # [B, K, G]
+        self.sequences = torch.full((b, n, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
+        self.sequences[:, :, :t0] = input_ids[:, None, :]  # [B, P, L] the best registered hypotheses
+        self.scores = torch.full((b, n), -math.inf, device=device)  # [B, P] normalised scores
+        self.sum_log_probs = torch.full((b, n), -math.inf, device=device)  # [B, P]
+        self.beam_indices = self.running_beam_indices[:, :1].expand(b, n, g).clone()  # [B, P, G]
+        self.token_log_probs = torch.zeros(b, n, g, device=device)  # [B, P, G]
+        self.generated = torch.zeros(b, n, dtype=torch.long, device=device)  # [B, P] tokens after t0 (end incl.)
+        self.is_registered = torch.zeros(b, n, dtype=torch.bool, device=device)  # [B, P]
+        self.finish_reason = torch.zeros(b, n, dtype=torch.long, device=device)  # [B, P]
+        self.num_registered = torch.zeros(b, dtype=torch.long, device=device)  # [B]
+        self.top_beam_ended = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
+        self.example_done = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
+        self._done = max_length <= t0
+
+    def tokens(self) -> torch.Tensor:
+        return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
+
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+        """One step; returns the flat parent row of each new live beam, ``[N]``."""
+        b = self.batch_size
+        log_probs = torch.log_softmax(self.processors(self.tokens(), logits), dim=-1)  # [N, V]
+        self.trace.record(log_probs, logits)
+        candidates = self._grow(unflatten_beams(log_probs, b))
+        ended = self.criteria(flatten_beams(candidates[1][:, :, : self.length + 1]), self.trace.scores)
+        ended = ended.reshape(b, -1) | (self.length + 1 >= self.max_length)  # [B, C]
+        registered = ended[:, : self.rows_per_example] & ~self.example_done[:, None]  # [B, K]
+        self._register(registered, *candidates)
+        keep = self._live_positions(ended, registered)  # [B, K]
+        self._update_running(keep, *candidates)
+        self.length += 1
+        self._update_example_done()
+        return self.running_beam_indices[:, :, self.length - 1 - self.prompt_length].reshape(-1)  # [N]
+
+    def _grow(self, log_probs: torch.Tensor):
+        """The top C = 2K continuations of each example. ``log_probs`` is ``[B, K, V]``."""
+        b, k, vocab = log_probs.shape
+        totals = (log_probs + self.running_scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
+        scores, flat = torch.topk(totals, k=2 * k)  # [B, C]
+        parents, tokens = flat // vocab, flat % vocab  # [B, C]
+        position = self.length - self.prompt_length
+        sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
+        sequences[:, :, self.length] = tokens
+        beam_indices = gather_beams(self.running_beam_indices, parents)  # [B, C, G]
+        beam_indices[:, :, position] = parents + torch.arange(b, device=flat.device)[:, None] * k
+        token_log_probs = gather_beams(self.running_token_log_probs, parents)  # [B, C, G]
+        token_log_probs[:, :, position] = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)
+        return scores, sequences, beam_indices, token_log_probs
+
+    def _register(self, registered, scores, sequences, beam_indices, token_log_probs) -> None:
+        """Add the ended candidates among the first K to the hypotheses; keep the best P by final score."""
+        k, n = self.rows_per_example, self.num_return_sequences
+        generated = self.length + 1 - self.prompt_length  # the end token counts, as in CTranslate2's decode
+        reasons = classify_stop(flatten_beams(sequences[:, :k, : self.length + 1]), flatten_beams(registered),
+                                self.eos_token_id, self.max_length).reshape(registered.shape)  # [B, K]
+        final = ct2_length_normalised(scores[:, :k], torch.full_like(reasons, generated), self.length_penalty)
+        self.num_registered += registered.sum(dim=-1)
+        self.top_beam_ended |= registered[:, 0]
+        merged_valid = torch.cat((self.is_registered, registered), dim=1)  # [B, P + K]
+        merged_final = torch.cat((self.scores, final), dim=1)
+        order = torch.sort(merged_final, dim=1, descending=True, stable=True)[1]
+        order = torch.take_along_dim(order, torch.sort(merged_valid.gather(1, order).int(), dim=1, descending=True,
+                                                       stable=True)[1], dim=1)[:, :n]  # [B, P] valid first, best first
+        self.is_registered = merged_valid.gather(1, order)
+        self.scores = merged_final.gather(1, order)
+        self.sum_log_probs = torch.cat((self.sum_log_probs, scores[:, :k]), dim=1).gather(1, order)
+        self.generated = torch.cat((self.generated, torch.full_like(reasons, generated)), dim=1).gather(1, order)
+        self.finish_reason = torch.cat((self.finish_reason, reasons), dim=1).gather(1, order)
+        self.sequences = gather_beams(torch.cat((self.sequences, sequences[:, :k]), dim=1), order)
+        self.beam_indices = gather_beams(torch.cat((self.beam_indices, beam_indices[:, :k]), dim=1), order)
+        self.token_log_probs = gather_beams(torch.cat((self.token_log_probs, token_log_probs[:, :k]), dim=1), order)
+
+    def _live_positions(self, ended: torch.Tensor, registered: torch.Tensor) -> torch.Tensor:
+        """Which candidate fills each live beam: itself, or if it was registered, the next unended secondary one.
+
+        Args:
+            ended: BoolTensor ``[B, C]``; registered: BoolTensor ``[B, K]``.
+
+        Returns:
+            LongTensor ``[B, K]`` of candidate positions.
+        """
+        k = self.rows_per_example
+        secondary_ended = ended[:, k:]  # [B, K]
+        unended_first = torch.sort(secondary_ended.int(), dim=1, stable=True)[1] + k  # [B, K] unended in rank order
+        available = (~secondary_ended).sum(dim=1, keepdim=True)  # [B, 1]
+        rank = torch.cumsum(registered.long(), dim=1) - 1  # [B, K] the j-th registered takes the j-th unended
+        replaced = registered & (rank < available)
+        own = torch.arange(k, device=ended.device).expand_as(rank)
+        return torch.where(replaced, unended_first.gather(1, rank.clamp(min=0)), own)
+
+    def _update_running(self, keep, scores, sequences, beam_indices, token_log_probs) -> None:
+        self.running_sequences = gather_beams(sequences, keep)
+        self.running_scores = gather_beams(scores, keep)
+        self.running_beam_indices = gather_beams(beam_indices, keep)
+        self.running_token_log_probs = gather_beams(token_log_probs, keep)
+
+    def _update_example_done(self) -> None:
+        if self.length >= self.max_length:
+            self.example_done[:] = True
+        elif self.early_exit:
+            self.example_done |= self.top_beam_ended & (self.num_registered >= self.num_return_sequences)
+        else:
+            self.example_done |= self.num_registered >= self.max_hypotheses
+
+    def is_done(self) -> bool:
+        return self._done or bool(torch.all(self.example_done))
+
+    def result(self) -> SearchResult:
+        width = int(self.generated.max()) if self.generated.numel() else 0
+        token_log_probs = self.token_log_probs[:, :, :width]
+        scores, logits = self.trace.as_tuples()
+        return SearchResult(
+            sequences=self.sequences[:, :, : self.prompt_length + width],
+            sequences_scores=self.scores,
+            sum_log_probs=self.sum_log_probs,
+            token_log_probs=token_log_probs,
+            lengths=self.prompt_length + self.generated,
+            finish_reason=torch.where(self.is_registered, self.finish_reason, int(FinishReason.NONE)),
+            prompt_length=self.prompt_length,
+            scores=scores,
+            logits=logits,
+            beam_indices=self.beam_indices[:, :, :width],
+        )
+
+
+def _check_options(options) -> None:
+    """Reject what CTranslate2's beam search does not have (or checks) with a message naming the option."""
+    if options.do_sample:
+        raise ValueError("semantics='ct2' beam search does not sample (CTranslate2's random beam sampler is not "
+                         "reproduced); use do_sample=False")
+    if options.length_penalty_type not in (None, "hf", "none"):
+        raise ValueError(f"semantics='ct2' has one length penalty, sum_log_probs / length ** length_penalty; "
+                         f"length_penalty_type={options.length_penalty_type!r} is not supported")
+    if options.coverage_penalty != "none":
+        raise ValueError("semantics='ct2' does not support coverage_penalty yet")
+    if options.num_return_sequences > ct2_max_hypotheses(options.num_beams, options.patience):
+        raise ValueError(f"num_return_sequences ({options.num_return_sequences}) cannot be greater than "
+                         f"round(num_beams * patience) = {ct2_max_hypotheses(options.num_beams, options.patience)}")
