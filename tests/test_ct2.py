@@ -21,8 +21,9 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 pytest.importorskip("tokenizers")
 
 PAD, EOS = 1, 2
+SECOND_END = 33  # the model's most frequent token: more than K candidates can end, so some stay live
 NAMES = ["<s>", "<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(4, VOCAB)]
-SCORE_TOLERANCE = 1e-4  # CTranslate2 CPU kernels vs PyTorch, float32 (measured: below 4e-5)
+SCORE_TOLERANCE = 1e-4  # CTranslate2 CPU kernels vs PyTorch, float32 (measured: below 7e-5)
 
 
 def _bart():
@@ -74,11 +75,17 @@ def _random_case(generator: torch.Generator) -> dict:
     beams = pick([2, 3, 4])
     patience = pick([0.5, 1.0, 1.5, 2.0, 3.0])
     most = min(beams, ct2_max_hypotheses(beams, patience))  # num_return_sequences <= num_beams (options.py)
-    return dict(
+    case = dict(
         beams=beams, patience=patience, hypotheses=pick(list(range(1, most + 1))),
         length_penalty=pick([0.0, 0.6, 1.0, 1.5, -0.5]), max_length=pick(list(range(1, 15))),
         min_length=pick([0, 0, 1, 2, 3]), no_repeat_ngram_size=pick([0, 0, 0, 2, 3]),
+        end_tokens=pick([(EOS,), (EOS,), (EOS,), (EOS, SECOND_END)]),
     )
+    if len(case["end_tokens"]) > 1:
+        # A beam that ended and stayed live can produce BART's start token (</s>) again. CTranslate2's n-gram
+        # blocking ignores the start token, ours (Hugging Face's processor) sees it: scores would differ there.
+        case["no_repeat_ngram_size"] = 0
+    return case
 
 
 def _sources(generator: torch.Generator, batch_size: int) -> list[list[int]]:
@@ -95,7 +102,7 @@ def _decode_both(models, sources: list[list[int]], case: dict):
         [[NAMES[i] for i in source] for source in sources], beam_size=case["beams"], patience=case["patience"],
         num_hypotheses=case["hypotheses"], length_penalty=case["length_penalty"], return_scores=True,
         max_decoding_length=case["max_length"], min_decoding_length=case["min_length"],
-        no_repeat_ngram_size=case["no_repeat_ngram_size"],
+        no_repeat_ngram_size=case["no_repeat_ngram_size"], end_token=[NAMES[i] for i in case["end_tokens"]],
     )
     width = max(map(len, sources))
     input_ids = torch.tensor([source + [PAD] * (width - len(source)) for source in sources])
@@ -104,17 +111,17 @@ def _decode_both(models, sources: list[list[int]], case: dict):
         model, input_ids=input_ids, attention_mask=mask, semantics="ct2", num_beams=case["beams"],
         patience=case["patience"], num_return_sequences=case["hypotheses"], length_penalty=case["length_penalty"],
         max_new_tokens=case["max_length"], min_new_tokens=case["min_length"],
-        no_repeat_ngram_size=case["no_repeat_ngram_size"],
+        no_repeat_ngram_size=case["no_repeat_ngram_size"], eos_token_id=list(case["end_tokens"]),
     )
     return expected, result
 
 
-def _our_hypotheses(result, example: int) -> list[list[str]]:
+def _our_hypotheses(result, example: int, ends=(EOS,)) -> list[list[str]]:
     """Our hypotheses as CTranslate2 returns them: no start token, trailing end tokens stripped."""
     hypotheses = []
     for j in range(result.sequences.shape[1]):
         tokens = result.sequences[example, j, result.prompt_length : int(result.lengths[example, j])].tolist()
-        while tokens and tokens[-1] == EOS:
+        while tokens and tokens[-1] in ends:
             tokens.pop()
         hypotheses.append([NAMES[i] for i in tokens])
     return hypotheses
@@ -122,7 +129,7 @@ def _our_hypotheses(result, example: int) -> list[list[str]]:
 
 def test_matches_ctranslate2_on_random_cases(models):
     generator = torch.Generator().manual_seed(2024)
-    agreed, total, worst_score_gap, patience_mattered = 0, 0, 0.0, 0
+    agreed, total, worst_score_gap, patience_mattered, continued_after_end = 0, 0, 0.0, 0, 0
     for _ in range(150):
         case = _random_case(generator)
         sources = _sources(generator, int(torch.randint(1, 4, (1,), generator=generator)))
@@ -133,15 +140,21 @@ def test_matches_ctranslate2_on_random_cases(models):
             patience_mattered += any(a.hypotheses[0] != b.hypotheses[0] for a, b in pairs)
         for example, reference in enumerate(expected):
             total += 1
-            if _our_hypotheses(result, example) != reference.hypotheses:
+            if _our_hypotheses(result, example, case["end_tokens"]) != reference.hypotheses:
                 continue
             agreed += 1
+            generated = result.sequences[example, :, result.prompt_length :]  # [n, T']
+            last = result.lengths[example, :, None] - result.prompt_length - 1  # [n, 1]
+            before_last = torch.arange(generated.shape[1] - 1) < last
+            inner = generated[:, :-1][before_last]
+            continued_after_end += bool(torch.isin(inner, torch.tensor(case["end_tokens"])).any())
             ours = result.sequences_scores[example].tolist()
             worst_score_gap = max(worst_score_gap, *(abs(a - b) for a, b in zip(ours, reference.scores, strict=True)))
-    # Measured over 1,000 such cases (1,984 examples): 100% agree token for token, scores within 4e-5.
+    # Measured over 1,000 such cases (1,981 examples): 100% agree token for token, scores within 7e-5.
     assert agreed / total >= 0.98, f"{agreed}/{total} examples agree with CTranslate2"
     assert worst_score_gap < SCORE_TOLERANCE
     assert patience_mattered > 0  # the cases exercise patience
+    assert continued_after_end > 0  # and ended beams that stay live (no unended candidate to replace them)
 
 
 def test_patience_searches_until_k_times_patience_hypotheses(models):
@@ -149,7 +162,7 @@ def test_patience_searches_until_k_times_patience_hypotheses(models):
     sources = _sources(torch.Generator().manual_seed(7), 3)
     for patience in (1.0, 2.0, 4.0):
         case = dict(beams=2, patience=patience, hypotheses=2, length_penalty=1.0, max_length=14, min_length=0,
-                    no_repeat_ngram_size=0)
+                    no_repeat_ngram_size=0, end_tokens=(EOS,))
         expected, result = _decode_both(models, sources, case)
         for example, reference in enumerate(expected):
             assert _our_hypotheses(result, example) == reference.hypotheses
