@@ -202,3 +202,26 @@ def test_rejects_what_ctranslate2_does_not_do(models, options, message):
     model = models[0]
     with pytest.raises(ValueError, match=message):
         search_model(model, input_ids=torch.tensor([[5, 6]]), semantics="ct2", max_new_tokens=3, **options)
+
+
+def test_repetition_penalty_applies_to_logits_before_the_softmax(models):
+    """CTranslate2 penalises the logits of the tokens after the start token, then takes the log-softmax.
+
+    Hugging Face's processor (what ``repetition_penalty=`` builds) also penalises the start token, which for
+    BART is the end token, so here the penalty is a user processor that skips the first token.
+    """
+    from beamsearch.processors import RepetitionPenaltyLogitsProcessor
+
+    penalty = RepetitionPenaltyLogitsProcessor(1.3)
+    model, translator = models
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(40):
+        sources = _sources(generator, 1)
+        beams = int(torch.randint(2, 5, (1,), generator=generator))
+        expected = translator.translate_batch([[NAMES[i] for i in sources[0]]], beam_size=beams,
+                                              repetition_penalty=1.3, max_decoding_length=12, return_scores=True)
+        result = search_model(model, input_ids=torch.tensor(sources), semantics="ct2", num_beams=beams,
+                              max_new_tokens=12, min_new_tokens=1,
+                              logits_processor=[lambda ids, logits: penalty(ids[:, 1:], logits)])
+        assert _our_hypotheses(result, 0) == expected[0].hypotheses
+        assert torch.allclose(result.sequences_scores[0], torch.tensor(expected[0].scores), atol=SCORE_TOLERANCE)
