@@ -135,3 +135,30 @@ def test_presets_fill_only_unset_options():
     mine = SearchOptions.create(semantics="t2t", length_penalty=1.0, early_stopping=False)
     assert (mine.length_penalty, mine.early_stopping) == (1.0, False)
     assert SearchOptions.create().length_penalty == 1.0
+
+
+def test_ct2_preset_defaults():
+    o = SearchOptions.create(semantics="ct2", eos_token_id=1)
+    assert (o.num_beams, o.length_penalty, o.patience, o.max_new_tokens, o.min_new_tokens) == (2, 1.0, 1.0, 256, 1)
+    assert SearchOptions.create(semantics="ct2").min_new_tokens is None  # needs an eos token
+    assert SearchOptions.create(semantics="ct2", max_length=30).max_new_tokens is None
+    assert (
+        SearchOptions.create(semantics="ct2", num_beams=2, patience=2.0, num_return_sequences=4).num_return_sequences
+        == 4
+    )
+
+
+def test_hf_adapter_applies_the_preset_only_to_unset_options():
+    pytest.importorskip("transformers")
+    from tiny_hf import tiny_model
+
+    from beamsearch.adapters.hf import _options_from_config, _prepare
+
+    model = tiny_model("t5")
+    source = torch.randint(2, 40, (1, 5))
+    setup = _prepare(model, source, None, {})
+    o = _options_from_config(setup["generation_config"], {"semantics": "ct2"}, setup["has_default_max_length"])
+    assert (o.max_new_tokens, o.patience, o.min_new_tokens) == (256, 1.0, 1)
+    setup = _prepare(model, source, None, {"max_length": 7, "num_beams": 3})
+    o = _options_from_config(setup["generation_config"], {"semantics": "ct2"}, setup["has_default_max_length"])
+    assert (o.num_beams, o.max_new_tokens, o.max_length) == (3, None, 7)

@@ -59,8 +59,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "hf": {},
     "t2t": {"length_penalty": 0.6, "early_stopping": True},
     "onmt": {},
-    "ct2": {},
+    "ct2": {"num_beams": 2, "length_penalty": 1.0, "patience": 1.0, "max_new_tokens": 256, "min_new_tokens": 1},
 }
+# Preset entries that only make sense with an end-of-sequence token (skipped without one).
+_PRESET_NEEDS_EOS = {"min_new_tokens"}
 LENGTH_PENALTY_TYPES = ("hf", "wu", "gnmt", "avg", "none")
 
 
@@ -146,9 +148,7 @@ class SearchOptions:
             if name not in known:
                 raise ValueError(f"unknown option {name!r}")
         values = {k: v for k, v in kwargs.items() if k in known}
-        for name, value in PRESETS.get(values.get("semantics") or "hf", {}).items():
-            if values.get(name) is None:
-                values[name] = value
+        apply_preset(values)
         values = {k: v for k, v in values.items() if v is not None or k in _NULLABLE}
         values = _normalize(values)
         options = cls(**values)
@@ -167,7 +167,9 @@ class SearchOptions:
             raise ValueError(f"max_time must be > 0, got {self.max_time}")
         _check_int("num_beams", self.num_beams, minimum=1)
         _check_int("num_return_sequences", self.num_return_sequences, minimum=1)
-        if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
+        if self.semantics == "ct2" and self.num_beams > 1:
+            pass  # CTranslate2 returns up to round(num_beams * patience) hypotheses; its strategy checks that
+        elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
             raise ValueError(
                 f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams ({self.num_beams})"
             )
@@ -259,6 +261,19 @@ class SearchOptions:
         if self.eos_token_id:
             return self.eos_token_id[0]
         return 0
+
+
+def apply_preset(values: dict[str, Any], skip: Sequence[str] = ()) -> None:
+    """Fill the options left unset (None) with the defaults of the chosen semantics' toolkit, in place.
+
+    A length limit given as ``max_length`` keeps the preset's ``max_new_tokens`` out.
+    """
+    skip = set(skip) | ({"max_new_tokens"} if values.get("max_length") is not None else set())
+    for name, value in PRESETS.get(values.get("semantics") or "hf", {}).items():
+        if name in skip:
+            continue
+        if values.get(name) is None and (name not in _PRESET_NEEDS_EOS or values.get("eos_token_id")):
+            values[name] = value
 
 
 _NULLABLE = {f.name for f in dataclasses.fields(SearchOptions) if f.default is None}

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..engine import search
-from ..options import PRESETS, TOOLKIT_OPTIONS, UNSUPPORTED_OPTIONS, SearchOptions, is_neutral
+from ..options import TOOLKIT_OPTIONS, UNSUPPORTED_OPTIONS, SearchOptions, apply_preset, is_neutral
 from ..results import SearchResult
 from .hf_outputs import to_hf_output
 
@@ -136,7 +136,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
-    options = _options_from_config(config, toolkit)
+    options = _options_from_config(config, toolkit, setup["has_default_max_length"])
     state = HFState(model, setup["model_kwargs"], config)
     if options.coverage_penalty != "none":
         _request_cross_attention(model, state)
@@ -228,6 +228,7 @@ def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, 
         "input_ids": input_ids,
         "padding_lengths": padding_lengths,
         "source_lengths": source_lengths,
+        "has_default_max_length": has_default_max_length,
     }
 
 
@@ -254,15 +255,19 @@ def _check_config(config: Any) -> None:
         raise ValueError(f"cache_implementation={config.cache_implementation!r} is not supported by beamsearch")
 
 
-def _options_from_config(config: Any, toolkit: dict[str, Any] | None = None) -> SearchOptions:
+def _options_from_config(
+    config: Any, toolkit: dict[str, Any] | None = None, default_max_length: bool = False
+) -> SearchOptions:
     values = {name: getattr(config, name) for name in _SEARCH_FIELDS if hasattr(config, name)}
     values.update(toolkit or {})
-    for name, value in PRESETS.get(values.get("semantics") or "hf", {}).items():
-        if values.get(name) is None:
-            values[name] = value
+    if default_max_length and values.get("max_new_tokens") is None and values.get("semantics") not in (None, "hf"):
+        values["max_length"] = None  # transformers' default limit gives way to the toolkit preset's
     values["eos_token_id"] = _token_list(config._eos_token_tensor)
     values["pad_token_id"] = _token_int(config._pad_token_tensor)
     values["bos_token_id"] = _token_int(config._bos_token_tensor)
+    apply_preset(values)
+    if values.get("max_length") is None:
+        values["max_length"] = config.max_length
     values["output_scores"] = bool(config.return_dict_in_generate and config.output_scores)
     values["output_logits"] = bool(config.return_dict_in_generate and config.output_logits)
     for name, default in (("min_length", 0), ("top_p", 1.0), ("typical_p", 1.0), ("temperature", 1.0),
