@@ -58,7 +58,7 @@ TOOLKIT_OPTIONS = (
 PRESETS: dict[str, dict[str, Any]] = {
     "hf": {},
     "t2t": {"length_penalty": 0.6, "early_stopping": True},
-    "onmt": {},
+    "onmt": {"num_beams": 5, "length_penalty": 1.0, "length_penalty_type": "avg", "max_new_tokens": 250},
     "ct2": {"num_beams": 2, "length_penalty": 1.0, "patience": 1.0, "max_new_tokens": 256, "min_new_tokens": 1},
 }
 # Preset entries that only make sense with an end-of-sequence token (skipped without one).
