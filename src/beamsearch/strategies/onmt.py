@@ -20,13 +20,14 @@ What differs from Hugging Face's beam search (``beam.py``), all reproduced here:
   -1e21. As in OpenNMT, n = 1 blocks nothing.
 * ``min_new_tokens`` (OpenNMT's ``min_length``) masks the end token through the processors.
 
-Differences kept on purpose (OpenNMT-py 3.5 quirks that depend on batch composition): OpenNMT drops
-finished examples from its batch but not from its n-gram blocking state (``forbidden_tokens``), and
-indexes its per-beam source lengths by example number for ``ratio``; with several examples in a batch
-both can mix examples up (measured with blocking, batches of 3: 11 of 600 examples differ; one example
-at a time: none). Here every example keeps its own state. Source positions that received no attention at all (padding) are left out of the coverage
-penalty, where OpenNMT's "wu" would count ``log 0``. The end token masked by ``min_new_tokens`` gets
-``-inf`` rather than OpenNMT's -65504 (the same unless fewer than K other tokens exist).
+Differences kept on purpose (OpenNMT-py 3.5 quirks that depend on batch composition): OpenNMT drops finished
+examples from its batch but not from its n-gram blocking state (``forbidden_tokens``), and indexes its per-
+beam source lengths by example number for ``ratio``; with several examples in a batch both can mix examples
+up (measured with blocking, batches of 3: 11 of 600 examples differ; one example at a time: none). Here
+every example keeps its own state. Source positions that received no attention at all (padding) are left out
+of the coverage penalty, where OpenNMT's "wu" would count ``log 0``. The end token masked by
+``min_new_tokens`` gets ``-inf`` rather than OpenNMT's -65504 (the same unless fewer than K other tokens
+exist).
 
 Legend: B batch, K beams, N = B*K, V vocabulary, S source positions, L = max_length, t tokens so
 far, t0 start tokens, G = L - t0 generated positions, P = num_return_sequences.
