@@ -219,3 +219,25 @@ def test_opennmt_defaults_and_errors():
             coverage_penalty="wu",
             coverage_beta=1.0,
         )
+
+
+def test_coverage_through_the_hugging_face_adapter():
+    """The adapter hands the last layer's cross-attention (heads averaged) to the coverage penalty."""
+    pytest.importorskip("transformers")
+    from tiny_hf import tiny_model
+
+    from beamsearch.adapters.hf import search_model
+
+    model = tiny_model("t5")
+    source = torch.randint(2, 40, (2, 7))
+    common = dict(input_ids=source, semantics="onmt", num_beams=3, max_new_tokens=8, length_penalty_type="none")
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        search_model(model, coverage_penalty="wu", coverage_beta=1.0, **common)
+    model.set_attn_implementation("eager")
+    plain = search_model(model, **common)
+    covered = search_model(model, coverage_penalty="summary", coverage_beta=0.0, stepwise_penalty=True, **common)
+    assert torch.equal(plain.sequences, covered.sequences)  # beta 0: the attention plumbing changes nothing
+    wu = search_model(model, coverage_penalty="wu", coverage_beta=5.0, **common)
+    # no length penalty: score = sum of log-probs - coverage penalty, and wu's penalty is > 0 here
+    assert (wu.sequences_scores < wu.sum_log_probs - 1e-3).all()
+    assert torch.allclose(plain.sequences_scores, plain.sum_log_probs, atol=1e-5)

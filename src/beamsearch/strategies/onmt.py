@@ -21,8 +21,8 @@ What differs from Hugging Face's beam search (``beam.py``), all reproduced here:
 * ``min_new_tokens`` (OpenNMT's ``min_length``) masks the end token through the processors.
 
 Differences kept on purpose (OpenNMT-py 3.5 quirks that depend on batch composition): OpenNMT drops finished
-examples from its batch but not from its n-gram blocking state (``forbidden_tokens``), and indexes its per-
-beam source lengths by example number for ``ratio``; with several examples in a batch both can mix examples
+examples from its batch but not from its n-gram blocking state (``forbidden_tokens``), and indexes its
+per-beam source lengths by example number for ``ratio``; with several examples in a batch both can mix examples
 up (measured with blocking, batches of 3: 11 of 600 examples differ; one example at a time: none). Here
 every example keeps its own state. Source positions that received no attention at all (padding) are left out
 of the coverage penalty, where OpenNMT's "wu" would count ``log 0``. The end token masked by
