@@ -162,3 +162,20 @@ def test_hf_adapter_applies_the_preset_only_to_unset_options():
     setup = _prepare(model, source, None, {"max_length": 7, "num_beams": 3})
     o = _options_from_config(setup["generation_config"], {"semantics": "ct2"}, setup["has_default_max_length"])
     assert (o.num_beams, o.max_new_tokens, o.max_length) == (3, None, 7)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"block_ngram_repeat": 2}, "block_ngram_repeat=2 needs semantics='onmt'"),
+        ({"coverage_penalty": "wu", "semantics": "t2t"}, "coverage_penalty='wu' needs semantics='onmt'"),
+        ({"patience": 2.0, "semantics": "onmt"}, "patience=2.0 needs semantics='ct2'"),
+        ({"ratio": 1.5}, "ratio=1.5 needs semantics='onmt'"),
+        ({"stepwise_penalty": True, "semantics": "onmt", "num_beams": 1}, "needs beam search"),
+        ({"length_penalty_type": "wu"}, "not available with semantics='hf'"),
+        ({"length_penalty_type": "avg", "semantics": "t2t"}, "not available with semantics='t2t'"),
+    ],
+)
+def test_toolkit_options_are_never_silently_ignored(options, message):
+    with pytest.raises(ValueError, match=message):
+        SearchOptions.create(num_beams=options.pop("num_beams", 3), eos_token_id=0, **options)

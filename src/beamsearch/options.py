@@ -54,6 +54,21 @@ TOOLKIT_OPTIONS = (
     "block_ngram_repeat",
     "ignore_when_blocking",
 )
+# Options that only one toolkit's search reads: (the semantics that read them, the value that changes nothing).
+_TOOLKIT_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
+    "coverage_penalty": (("onmt",), "none"),
+    "stepwise_penalty": (("onmt",), False),
+    "ratio": (("onmt",), 0.0),
+    "block_ngram_repeat": (("onmt",), 0),
+    "ignore_when_blocking": (("onmt",), ()),
+    "patience": (("ct2",), 1.0),
+}
+_LENGTH_PENALTY_TYPES_BY_SEMANTICS = {
+    "hf": ("hf",),
+    "t2t": ("wu", "gnmt"),
+    "ct2": ("hf", "none"),
+    "onmt": ("avg", "wu", "gnmt", "none"),
+}
 # What each semantics preset sets for the options the caller leaves unset (None): that toolkit's defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     "hf": {},
@@ -230,6 +245,19 @@ class SearchOptions:
         _check_int("block_ngram_repeat", self.block_ngram_repeat, minimum=0)
         for token in self.ignore_when_blocking:
             _check_int("ignore_when_blocking", token, minimum=0)
+        for name, (owners, neutral) in _TOOLKIT_ONLY.items():
+            value = getattr(self, name)
+            if value == neutral:
+                continue
+            if self.semantics not in owners:
+                raise ValueError(f"{name}={value!r} needs semantics={owners[0]!r} (it has no effect under "
+                                 f"{self.semantics!r})")
+            if self.num_beams < 2:
+                raise ValueError(f"{name}={value!r} needs beam search (num_beams > 1)")
+        allowed = _LENGTH_PENALTY_TYPES_BY_SEMANTICS[self.semantics]
+        if self.length_penalty_type is not None and self.length_penalty_type not in allowed:
+            raise ValueError(f"length_penalty_type={self.length_penalty_type!r} is not available with "
+                             f"semantics={self.semantics!r} (choose from {list(allowed)})")
 
     def _validate_warpers(self) -> None:
         if not self.temperature > 0:
