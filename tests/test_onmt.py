@@ -86,6 +86,9 @@ class ToyModel:
 def run_onmt(onmt, model, case):
     b, k = case["batch"], case["beams"]
     scorer = onmt.GNMTGlobalScorer(case["alpha"], case["beta"], case["lp"], case["cov"])
+    max_length = case["max_length"]
+    if case["max_length_ratio"] > 0:  # the Translator's source-tied limit (translate_batch)
+        max_length = int(min(max_length, SOURCE_LENGTH * case["max_length_ratio"] + 5))
     search = onmt.BeamSearch(
         k,
         b,
@@ -97,7 +100,7 @@ def run_onmt(onmt, model, case):
         n_best=case["n_best"],
         global_scorer=scorer,
         min_length=case["min_length"],
-        max_length=case["max_length"],
+        max_length=max_length,
         return_attention=False,
         block_ngram_repeat=case["ngram"],
         exclusion_tokens=set(case["exclude"]),
@@ -106,7 +109,7 @@ def run_onmt(onmt, model, case):
         ban_unk_token=False,
     )
     search.initialize(torch.zeros(b, SOURCE_LENGTH, 4), torch.full((b,), SOURCE_LENGTH))
-    for _ in range(case["max_length"]):
+    for _ in range(max_length):
         tokens = search.alive_seq
         examples = search._batch_offset.repeat_interleave(k)  # the rows of the examples still searched
         logits, _, attention = model.step(tokens, {"example": examples})
@@ -136,6 +139,7 @@ def run_ours(model, case):
         ratio=case["ratio"],
         block_ngram_repeat=case["ngram"],
         ignore_when_blocking=case["exclude"],
+        max_length_ratio=case["max_length_ratio"],
     )
     if case["min_length"]:
         options["min_new_tokens"] = case["min_length"]
@@ -170,6 +174,7 @@ def random_case(seed: int) -> dict:
         "ngram": ngram,
         "exclude": tuple(rng.sample(range(2, 8), rng.randint(0, 2))) if ngram else (),
         "ratio": rng.choice([0.0, 0.0, 0.0, 1.5]),
+        "max_length_ratio": rng.choice([0.0, 0.0, 0.2, 0.5, 1.25]),
     }
 
 
@@ -192,6 +197,7 @@ def test_cases_exercise_every_option(onmt):
     assert {c["cov"] for c in cases} == {"none", "wu", "summary"}
     assert {c["lp"] for c in cases} == {"avg", "wu", "none"}
     assert any(c["stepwise"] for c in cases) and any(c["ratio"] for c in cases)
+    assert any(c["max_length_ratio"] and SOURCE_LENGTH * c["max_length_ratio"] + 5 < c["max_length"] for c in cases)
     assert any(c["ngram"] and c["exclude"] for c in cases) and any(c["batch"] > 1 for c in cases)
     # blocking changes results in some cases (the comparison above is not vacuous)
     changed = 0
@@ -205,6 +211,9 @@ def test_cases_exercise_every_option(onmt):
 def test_opennmt_defaults_and_errors():
     o = beamsearch.SearchOptions.create(semantics="onmt", eos_token_id=0)
     assert (o.num_beams, o.length_penalty, o.length_penalty_type, o.max_new_tokens) == (5, 1.0, "avg", 250)
+    assert o.max_length_ratio == 1.25
+    with pytest.raises(ValueError, match="max_length_ratio needs the source lengths"):
+        beamsearch.search(PrefixModel(5), torch.ones(1, 1, dtype=torch.long), semantics="onmt", eos_token_id=0)
     with pytest.raises(ValueError, match="needs eos_token_id"):
         beamsearch.search(PrefixModel(5), torch.ones(1, 1, dtype=torch.long), semantics="onmt", num_beams=2)
     model = ToyModel(6, 0)
@@ -218,6 +227,7 @@ def test_opennmt_defaults_and_errors():
             eos_token_id=0,
             coverage_penalty="wu",
             coverage_beta=1.0,
+            max_length_ratio=0,
         )
 
 

@@ -49,6 +49,7 @@ TOOLKIT_OPTIONS = (
     "stepwise_penalty",
     "patience",
     "ratio",
+    "max_length_ratio",
     "max_len_a",
     "max_len_b",
     "block_ngram_repeat",
@@ -59,6 +60,8 @@ _TOOLKIT_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
     "coverage_penalty": (("onmt",), "none"),
     "stepwise_penalty": (("onmt",), False),
     "ratio": (("onmt",), 0.0),
+    "max_length_ratio": (("onmt",), 0.0),
+    "coverage_beta": (("onmt",), 0.0),
     "block_ngram_repeat": (("onmt",), 0),
     "ignore_when_blocking": (("onmt",), ()),
     "patience": (("ct2",), 1.0),
@@ -73,7 +76,10 @@ _LENGTH_PENALTY_TYPES_BY_SEMANTICS = {
 PRESETS: dict[str, dict[str, Any]] = {
     "hf": {},
     "t2t": {"length_penalty": 0.6, "early_stopping": True},
-    "onmt": {"num_beams": 5, "length_penalty": 1.0, "length_penalty_type": "avg", "max_new_tokens": 250},
+    "onmt": {
+        "num_beams": 5, "length_penalty": 1.0, "length_penalty_type": "avg", "max_new_tokens": 250,
+        "max_length_ratio": 1.25,
+    },
     "ct2": {"num_beams": 2, "length_penalty": 1.0, "patience": 1.0, "max_new_tokens": 256, "min_new_tokens": 1},
 }
 # Preset entries that only make sense with an end-of-sequence token (skipped without one).
@@ -140,7 +146,8 @@ class SearchOptions:
     coverage_beta: float = 0.0
     stepwise_penalty: bool = False  # OpenNMT: apply the coverage penalty at every step
     patience: float = 1.0  # CTranslate2: search until patience x num_beams hypotheses have finished
-    ratio: float = 0.0  # OpenNMT: stop a hypothesis at ratio x source length (0: off)
+    ratio: float = 0.0  # OpenNMT: stop an example by its best score per token against ratio x source length (0: off)
+    max_length_ratio: float = 0.0  # OpenNMT: at most int(max_length_ratio * source length + 5) tokens (0: off)
     max_len_a: float = 0.0  # fairseq: at most max_len_a * source_length + max_len_b generated tokens
     max_len_b: int | None = None
     block_ngram_repeat: int = 0  # OpenNMT n-gram blocking (with ignore_when_blocking exclusions)
@@ -238,6 +245,8 @@ class SearchOptions:
             raise ValueError(f"patience must be > 0, got {self.patience!r}")
         if not isinstance(self.ratio, (int, float)) or self.ratio < 0:
             raise ValueError(f"ratio must be >= 0, got {self.ratio!r}")
+        if not isinstance(self.max_length_ratio, (int, float)) or self.max_length_ratio < 0:
+            raise ValueError(f"max_length_ratio must be >= 0, got {self.max_length_ratio!r}")
         if not isinstance(self.max_len_a, (int, float)) or self.max_len_a < 0:
             raise ValueError(f"max_len_a must be >= 0, got {self.max_len_a!r}")
         if self.max_len_b is not None:

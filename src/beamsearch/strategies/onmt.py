@@ -14,7 +14,9 @@ What differs from Hugging Face's beam search (``beam.py``), all reproduced here:
 * An example is done when, at a step where some of its beams end, its best beam has ended (or with
   ``ratio > 0``: when its best live score over ``ratio x source length`` no longer beats the best
   finished score per token) and it holds at least ``num_return_sequences`` (``n_best``) hypotheses.
-  It returns its ``n_best`` best hypotheses. At the length limit every beam is a hypothesis.
+  It returns its ``n_best`` best hypotheses. At the length limit every beam is a hypothesis; with
+  ``max_length_ratio`` (OpenNMT's translate default 1.25) the limit is ``int(max_length_ratio * S + 5)``
+  generated tokens for a source of S tokens, if lower (OpenNMT takes the batch's padded S).
 * ``block_ngram_repeat`` (n >= 2) forbids a token that would repeat an n-gram of the beam (start token
   included), except n-grams containing a token of ``ignore_when_blocking``; blocked candidates get
   -1e21. As in OpenNMT, n = 1 blocks nothing.
@@ -71,10 +73,17 @@ class ONMTBeamSearch:
         self.ratio = options.ratio
         if self.ratio > 0 and source_lengths is None:
             raise ValueError("ratio needs the source lengths (search(..., source_lengths=))")
+        if options.max_length_ratio > 0 and source_lengths is None:
+            raise ValueError("max_length_ratio needs the source lengths (search(..., source_lengths=)); "
+                             "pass max_length_ratio=0 to turn OpenNMT's default limit off")
         self.source_lengths = None if source_lengths is None else source_lengths.to(device).float()  # [B]
+        g = max(max_length - t0, 0)
+        self.limits = torch.full((b,), g, dtype=torch.long, device=device)  # [B] generated tokens at most
+        if options.max_length_ratio > 0:
+            tied = (source_lengths.to(device).double() * options.max_length_ratio + 5).long()  # int(S * r + 5)
+            self.limits = torch.minimum(self.limits, tied)
         self.ngram = options.block_ngram_repeat
         self.exclusions = torch.tensor(options.ignore_when_blocking or (), dtype=torch.long, device=device)
-        g = max(max_length - t0, 0)
         self.length = t0
         self.sequences = torch.full((b, k, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
         self.sequences[:, :, :t0] = input_ids[:, None, :]  # [B, K, L]
@@ -140,8 +149,7 @@ class ONMTBeamSearch:
         ended = torch.isin(tokens, self.eos)  # [B, K]
         stopped = self.criteria(self.tokens(), self.trace.scores).reshape(b, k)
         finished = ended | stopped
-        if self.length - self.prompt_length >= self.max_length - self.prompt_length:
-            finished = torch.ones_like(finished)
+        finished |= (self.length - self.prompt_length >= self.limits)[:, None]
         self._update_finished(finished, top_scores)
         return flat_parent_rows(parents)
 
