@@ -40,7 +40,8 @@ class HFState:
     """The model kwargs of a Hugging Face model between steps: cache, masks, encoder outputs.
 
     ``reorder(index)`` gathers every row-indexed tensor (rows first; 3-d ``position_ids`` on dim 1)
-    and reorders a non-empty cache in place with ``cache.reorder_cache``.
+    and reorders a non-empty cache in place with ``cache.reorder_cache``; after the first call (the
+    expansion to beams) it leaves alone what is equal across an example's beams.
     """
 
     def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any):
@@ -48,20 +49,32 @@ class HFState:
         self.model_kwargs = model_kwargs
         self.generation_config = generation_config
         self.prefilled = False
+        self.expanded = False  # see reorder()
         self.return_attention = False  # coverage penalties: also return the last layer's cross-attention
 
     def reorder(self, index: torch.Tensor) -> HFState:
+        # The first call expands the B examples to their rows; every later one only permutes rows within
+        # an example, so what is equal across an example's rows (encoder outputs, its mask, the
+        # cross-attention keys and values) keeps its order.
+        within_examples, self.expanded = self.expanded, True
         for key, value in list(self.model_kwargs.items()):
             if key == "cache_position" or value is None:
                 continue
             if hasattr(value, "reorder_cache"):
                 if value.get_seq_length() > 0:
-                    value.reorder_cache(index)
+                    if within_examples and hasattr(value, "self_attention_cache"):
+                        value.self_attention_cache.reorder_cache(index)
+                    else:
+                        value.reorder_cache(index)
             elif key == "encoder_outputs":
+                if within_examples:
+                    continue
                 for name, tensor in list(value.items()):
                     if isinstance(tensor, torch.Tensor):
                         value[name] = tensor.index_select(0, index)
             elif isinstance(value, torch.Tensor) and value.dim() > 0:
+                if within_examples and key == "attention_mask" and self.model.config.is_encoder_decoder:
+                    continue
                 dim = 1 if key == "position_ids" and value.dim() == 3 else 0
                 self.model_kwargs[key] = value.index_select(dim, index)
         return self
