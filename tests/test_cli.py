@@ -162,10 +162,13 @@ def test_resume_after_interruption(tmp_path, fmt, capsys):
     assert main([*args, "--output", str(part), "--resume"]) == 0
     # the resumed inputs are batched differently: scores may differ in the last float digits
     assert_same_records(part.read_text(), data.decode(), fmt)
-    # resuming a finished file changes nothing
-    before = part.read_bytes()
+    # resuming a finished file changes nothing (TSV redoes its last input: it cannot tell whether all of its
+    # hypotheses were written, so only the last float digits may change)
+    before = part.read_text()
     assert main([*args, "--output", str(part), "--resume"]) == 0
-    assert part.read_bytes() == before
+    assert_same_records(part.read_text(), before, fmt)
+    if fmt != "tsv":
+        assert part.read_text() == before
     capsys.readouterr()
 
 

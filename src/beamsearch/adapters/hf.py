@@ -39,9 +39,12 @@ _SEARCH_FIELDS = tuple(f.name for f in dataclasses.fields(SearchOptions))
 class HFState:
     """The model kwargs of a Hugging Face model between steps: cache, masks, encoder outputs.
 
-    ``reorder(index)`` gathers every row-indexed tensor (rows first; 3-d ``position_ids`` on dim 1)
-    and reorders a non-empty cache in place with ``cache.reorder_cache``; after the first call (the
-    expansion to beams) it leaves alone what is equal across an example's beams.
+    The first ``reorder(index)`` (the expansion of the B examples to their beams) is deferred until
+    the prefill has run once per example; then the cache and every row-indexed tensor (rows first;
+    3-d ``position_ids`` on dim 1) are expanded. Every later reorder only permutes rows within an
+    example, so what is equal across an example's beams (encoder outputs, its mask, the
+    cross-attention keys and values) keeps its order and only the self-attention cache and the
+    decoder-side tensors are gathered.
     """
 
     def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any):
@@ -49,14 +52,17 @@ class HFState:
         self.model_kwargs = model_kwargs
         self.generation_config = generation_config
         self.prefilled = False
-        self.expanded = False  # see reorder()
+        self.expansion: torch.Tensor | None = None  # [N] example of each row, until the prefill applies it
         self.return_attention = False  # coverage penalties: also return the last layer's cross-attention
 
     def reorder(self, index: torch.Tensor) -> HFState:
-        # The first call expands the B examples to their rows; every later one only permutes rows within
-        # an example, so what is equal across an example's rows (encoder outputs, its mask, the
-        # cross-attention keys and values) keeps its order.
-        within_examples, self.expanded = self.expanded, True
+        if not self.prefilled:
+            self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
+            return self
+        self._gather(index, within_examples=True)
+        return self
+
+    def _gather(self, index: torch.Tensor, within_examples: bool) -> None:
         for key, value in list(self.model_kwargs.items()):
             if key == "cache_position" or value is None:
                 continue
@@ -77,13 +83,21 @@ class HFState:
                     continue
                 dim = 1 if key == "position_ids" and value.dim() == 3 else 0
                 self.model_kwargs[key] = value.index_select(dim, index)
-        return self
 
 
 def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState]:
-    """One forward of the model on the new tokens (the whole prompt first, then one token with the cache)."""
+    """One forward of the model on the new tokens (the whole prompt first, then one token with the cache).
+
+    The prompt is run once per example (its beams' rows are identical then), and the results are
+    expanded to the beams afterwards.
+    """
     model, kwargs = state.model, state.model_kwargs
+    expansion = None
     if not state.prefilled:
+        expansion = state.expansion
+        if expansion is not None:
+            first = torch.searchsorted(expansion, torch.arange(int(expansion.max()) + 1, device=expansion.device))
+            tokens = tokens.index_select(0, first)  # one row per example
         outputs = model._prefill(tokens, state.generation_config, kwargs)
         state.prefilled = True
     else:
@@ -93,11 +107,15 @@ def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState
     state.model_kwargs = model._update_model_kwargs_for_generation(
         outputs, kwargs, is_encoder_decoder=model.config.is_encoder_decoder
     )
-    logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=tokens.device)  # [N, V]
+    logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=tokens.device)  # [rows, V]
+    attention = None
     if state.return_attention:
-        attention = outputs.cross_attentions[-1][:, :, -1, :].mean(dim=1).float()  # [N, S], heads averaged
-        return logits, state, attention
-    return logits, state
+        attention = outputs.cross_attentions[-1][:, :, -1, :].mean(dim=1).float()  # [rows, S], heads averaged
+    if expansion is not None:
+        state._gather(expansion, within_examples=False)
+        logits = logits.index_select(0, expansion.to(logits.device))  # [N, V]
+        attention = None if attention is None else attention.index_select(0, expansion.to(attention.device))
+    return (logits, state) if attention is None else (logits, state, attention)
 
 
 @torch.no_grad()
