@@ -4,6 +4,7 @@ Same random-weight model, same inputs, one process; medians over repeats, each e
 first. Prints a Markdown table. Example:
 
     .venv/bin/python benchmarks/vs_hf.py --shape t5-small --batch-size 16 --threads 2
+    .venv/bin/python benchmarks/vs_hf.py --shape gpt2-small --source-length 160   # decoder-only, prompts
 """
 
 from __future__ import annotations
@@ -21,13 +22,20 @@ SHAPES = {
     "tiny": (64, 256, 2, 4, 1000),
     "small": (256, 1024, 4, 4, 8000),
     "t5-small": (512, 2048, 6, 8, 32128),
+    # decoder-only GPT-2 (the source is the prompt)
+    "gpt2-small": (256, 1024, 4, 4, 8000),
 }
 
 
 def build_model(shape: str):
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
 
     d_model, d_ff, layers, heads, vocab = SHAPES[shape]
+    if shape.startswith("gpt2"):
+        torch.manual_seed(0)
+        config = GPT2Config(vocab_size=vocab, n_embd=d_model, n_inner=d_ff, n_layer=layers, n_head=heads,
+                            n_positions=1024, eos_token_id=1, pad_token_id=0)
+        return GPT2LMHeadModel(config).eval()
     config = T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=d_ff, num_layers=layers,
                       num_decoder_layers=layers, num_heads=heads, pad_token_id=0, eos_token_id=1,
                       decoder_start_token_id=0)
@@ -73,8 +81,10 @@ def main(argv=None) -> None:
             same = int(sum(torch.equal(a, b) for a, b in zip(hf_out, bs_out, strict=True)))
         tokens = args.batch_size * args.new_tokens
         rows.append((label, hf_time, bs_time, tokens / hf_time, tokens / bs_time, same, hf_out.shape[0]))
-    print(f"model: random T5 '{args.shape}' {SHAPES[args.shape]}, batch {args.batch_size}, source {args.source_length},"
-          f" {args.new_tokens} new tokens, eos {'on' if args.eos else 'off'}, {args.threads} threads,"
+    family = "GPT-2" if args.shape.startswith("gpt2") else "T5"
+    print(f"model: random {family} '{args.shape}' {SHAPES[args.shape]}, batch {args.batch_size},"
+          f" source {args.source_length}, {args.new_tokens} new tokens, eos {'on' if args.eos else 'off'},"
+          f" {args.threads} threads,"
           f" median of {args.repeats}, torch {torch.__version__}")
     print()
     print("| search | transformers | beamsearch | speed-up | HF tokens/s | ours tokens/s | identical |")
