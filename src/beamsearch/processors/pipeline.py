@@ -46,6 +46,16 @@ class ProcessorList(list):
         return scores
 
 
+class SkipLeadingTokens:
+    """A processor that sees each row's tokens without the first ``count`` (CTranslate2's n-gram blocking)."""
+
+    def __init__(self, processor: Processor, count: int):
+        self.processor, self.count = processor, count
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.processor(input_ids[:, self.count :], scores)
+
+
 def build_processors(
     options: SearchOptions,
     prompt_length: int,
@@ -72,10 +82,13 @@ def build_processors(
     """
     eos = options.eos_token_id
     defaults: list[Processor] = []
+    skip = 1 if options.semantics == "ct2" else 0  # CTranslate2's history penalties skip the start token
     if options.repetition_penalty != 1.0:
-        defaults.append(RepetitionPenaltyLogitsProcessor(options.repetition_penalty, padding_lengths))
+        ignore = padding_lengths + skip if padding_lengths is not None else (skip or None)
+        defaults.append(RepetitionPenaltyLogitsProcessor(options.repetition_penalty, ignore))
     if options.no_repeat_ngram_size > 0:
-        defaults.append(NoRepeatNGramLogitsProcessor(options.no_repeat_ngram_size))
+        ngrams = NoRepeatNGramLogitsProcessor(options.no_repeat_ngram_size)
+        defaults.append(SkipLeadingTokens(ngrams, skip) if skip else ngrams)
     if options.bad_words_ids is not None:
         defaults.append(NoBadWordsLogitsProcessor(options.bad_words_ids, eos))
     if eos is not None and options.min_length > 0:

@@ -18,10 +18,9 @@ What differs from Hugging Face's beam search (``beam.py``), all reproduced here:
 CTranslate2 drops finished examples from the batch; here they stay, masked (nothing more is
 registered for them), which gives the same results.
 
-Not reproduced: CTranslate2's history-based processors (repetition penalty, n-gram blocking) skip the
-first start token, while the processors given here see every token (Hugging Face's); results differ
-where that token can be generated (BART's start token is its end token). Coverage penalty, prefix
-biasing and random beam sampling are rejected.
+History processors (repetition penalty, n-gram blocking) skip the first start token, as CTranslate2's do
+(the engine builds them that way under ``semantics="ct2"``). Coverage penalty, prefix biasing and random
+beam sampling are rejected.
 
 Legend: B batch, K beams, C = 2K candidates, N = B*K, V vocabulary, L = max_length, t tokens so far,
 t0 start tokens, G = L - t0 generated positions, P = num_return_sequences (the kept hypotheses).
