@@ -81,3 +81,37 @@ class SearchResult:
                 hyps.append(hyp)
             out.append(hyps)
         return out
+
+
+def concatenate(results: list[SearchResult], fill_token_id: int, rows_per_example: int) -> SearchResult:
+    """One result from the results of consecutive sub-batches (same start-token width), in order.
+
+    Sequences and per-token tensors are padded to the longest; ``beam_indices`` rows are shifted by the
+    rows of the sub-batches before. Per-step ``scores`` / ``logits`` cannot be joined (the sub-batches
+    ran different numbers of steps), so they must be absent.
+    """
+    if any(r.scores is not None or r.logits is not None for r in results):
+        raise ValueError("per-step scores or logits cannot be joined across sub-batches")
+    width = max(r.sequences.shape[-1] for r in results)
+    generated = width - results[0].prompt_length
+
+    def pad(tensor: torch.Tensor, size: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(tensor, (0, size - tensor.shape[-1]), value=value)
+
+    beam_indices = None
+    if results[0].beam_indices is not None:
+        shifted, offset = [], 0
+        for r in results:
+            shifted.append(pad(torch.where(r.beam_indices >= 0, r.beam_indices + offset, -1), generated, -1))
+            offset += r.sequences.shape[0] * rows_per_example
+        beam_indices = torch.cat(shifted)
+    return SearchResult(
+        sequences=torch.cat([pad(r.sequences, width, fill_token_id) for r in results]),
+        sequences_scores=torch.cat([r.sequences_scores for r in results]),
+        sum_log_probs=torch.cat([r.sum_log_probs for r in results]),
+        token_log_probs=torch.cat([pad(r.token_log_probs, generated, 0.0) for r in results]),
+        lengths=torch.cat([r.lengths for r in results]),
+        finish_reason=torch.cat([r.finish_reason for r in results]),
+        prompt_length=results[0].prompt_length,
+        beam_indices=beam_indices,
+    )

@@ -19,7 +19,7 @@ import torch
 
 from ..engine import search
 from ..options import TOOLKIT_OPTIONS, UNSUPPORTED_OPTIONS, SearchOptions, apply_preset, is_neutral
-from ..results import SearchResult
+from ..results import SearchResult, concatenate
 from .hf_outputs import to_hf_output
 
 # generate() arguments that change results and that we do not implement.
@@ -158,6 +158,10 @@ def search_model(
 
 
 def _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs):
+    max_rows = kwargs.pop("max_rows", None)
+    if max_rows is not None:
+        return _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs,
+                                   max_rows)
     for name in _REJECTED_ARGUMENTS:
         if kwargs.get(name) is not None:
             raise ValueError(f"generate() argument {name!r} is not supported by beamsearch")
@@ -183,6 +187,41 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         options=options,
         fill_token_id=_fill_token(config, options),
     )
+    return result, config, options
+
+
+def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs, max_rows):
+    """The memory cap: decode consecutive sub-batches of whole examples with at most ``max_rows`` rows each.
+
+    Examples do not depend on their batch-mates (tested), so the results equal one run over the batch:
+    tokens identical, scores to float precision; sampling draws from the random stream sub-batch by sub-batch.
+    """
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"max_rows must be an integer >= 1, got {max_rows!r}")
+    ids = inputs if inputs is not None else kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise ValueError("max_rows needs input_ids as a [B, t] tensor")
+    per_example = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k not in ("input_ids",)}
+    if set(per_example) - {"attention_mask"}:
+        raise ValueError(f"max_rows supports input_ids and attention_mask, not {sorted(set(per_example))}")
+    probe = {k: v for k, v in kwargs.items() if k not in TOOLKIT_OPTIONS and not isinstance(v, torch.Tensor)}
+    config, _ = model._prepare_generation_config(generation_config, **probe)
+    if config.return_dict_in_generate and (config.output_scores or config.output_logits):
+        raise ValueError("max_rows cannot be combined with output_scores / output_logits (per-step tensors)")
+    semantics = kwargs.get("semantics") or "hf"
+    beams = config.num_beams or (2 if semantics == "ct2" else 5 if semantics == "onmt" else 1)
+    rows = beams if beams > 1 else (config.num_return_sequences or 1)
+    step = max(1, max_rows // rows)
+    outputs = []
+    for start in range(0, ids.shape[0], step):
+        chunk = dict(kwargs)
+        chunk.pop("input_ids", None)
+        if "attention_mask" in chunk:
+            chunk["attention_mask"] = kwargs["attention_mask"][start : start + step]
+        outputs.append(_run(model, ids[start : start + step], generation_config, logits_processor,
+                            stopping_criteria, chunk))
+    _, config, options = outputs[-1]
+    result = concatenate([r for r, _, _ in outputs], _fill_token(config, options), rows)
     return result, config, options
 
 

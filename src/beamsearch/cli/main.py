@@ -37,6 +37,7 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-len-a": ("max_len_a", float, "at most max_len_a * source length + max_len_b tokens (fairseq)"),
     "--max-len-b": ("max_len_b", int, "see --max-len-a"),
     "--block-ngram-repeat": ("block_ngram_repeat", int, "OpenNMT n-gram blocking"),
+    "--max-rows": ("max_rows", int, "memory cap: most rows (inputs x beams) per model forward"),
 }
 
 
