@@ -9,7 +9,7 @@ from pathlib import Path
 from ..evaluation import read_references, score
 from .decoding import decode_lines, load_model
 from .inputs import CLIError, Line
-from .main import input_limit
+from .main import generation_options, input_limit
 
 CMUDICT_TEST = Path(__file__).resolve().parent.parent / "data" / "cmudict" / "test.tsv"
 
@@ -27,7 +27,9 @@ def run_eval(args: argparse.Namespace) -> int:
     entries = entries[: args.limit] if args.limit else entries
     if not entries:
         raise CLIError(f"--data {path}: no examples")
-    m = load_model(args.model, args.device, args.lowercase)
+    options = generation_options(args)
+    m = load_model(args.model, args.device, args.lowercase,
+                   eager_attention=options.get("coverage_penalty", "none") != "none")
     if args.seed is not None:
         import torch
 
@@ -41,7 +43,8 @@ def run_eval(args: argparse.Namespace) -> int:
             raise CLIError(f"--beams: {beams} is not a beam width")
         t0 = time.perf_counter()
         decoded = decode_lines(
-            m, lines, {"num_beams": beams}, args.batch_size, args.batch_type == "tokens", limit, args.on_long
+            m, lines, {**options, "num_beams": beams}, args.batch_size, args.batch_type == "tokens", limit,
+            args.on_long,
         )
         hyps = [h[0]["text"].split() if h else [] for _, h in decoded]
         seconds = time.perf_counter() - t0

@@ -77,15 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, help="random seed for sampling")
         p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
 
+    def generation_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+        for flag, (_, typ, help_) in GENERATION_FLAGS.items():
+            if flag in skip:
+                continue
+            if typ is None:
+                p.add_argument(flag, action="store_true", default=None, help=help_)
+            else:
+                p.add_argument(flag, type=typ, help=help_)
+        p.add_argument("--early-stopping", type=early_stopping, help="true, false or never")
+
     dec = sub.add_parser("decode", help="decode one input per line (stdin when no file is given)")
     dec.add_argument("files", nargs="*", help="input files ('-' for stdin)")
     model_args(dec)
-    for flag, (_, typ, help_) in GENERATION_FLAGS.items():
-        if typ is None:
-            dec.add_argument(flag, action="store_true", default=None, help=help_)
-        else:
-            dec.add_argument(flag, type=typ, help=help_)
-    dec.add_argument("--early-stopping", type=early_stopping, help="true, false or never")
+    generation_args(dec)
     dec.add_argument("--format", choices=FORMATS, default="text", help="text (best), tsv (n-best), jsonl (all)")
     dec.add_argument("--output", "-o", help="write here (incrementally) instead of stdout")
     dec.add_argument("--resume", action="store_true", help="continue an interrupted --output file")
@@ -97,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", help="TSV: input<TAB>reference<TAB>... (default: the shipped CMUdict test split)")
     model_args(ev)
     ev.add_argument("--beams", type=int, nargs="+", default=[1, 5], help="beam widths to compare (1: greedy)")
+    generation_args(ev, skip=("--num-beams",))
     ev.add_argument("--limit", type=int, help="only the first N examples")
     return ap
 
@@ -123,7 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def validate(args: argparse.Namespace) -> None:
-    for name in ("batch_size", "chunk_size", "threads", "max_input_length", "num_beams", "num_return_sequences"):
+    positive = ("batch_size", "chunk_size", "threads", "max_rows", "max_input_length", "num_beams",
+                "num_return_sequences")
+    for name in positive:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
@@ -131,7 +139,7 @@ def validate(args: argparse.Namespace) -> None:
 
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     """The generation options given on the command line; the model's generation_config supplies the rest."""
-    out = {kw: getattr(args, flag[2:].replace("-", "_")) for flag, (kw, _, _) in GENERATION_FLAGS.items()}
+    out = {kw: getattr(args, flag[2:].replace("-", "_"), None) for flag, (kw, _, _) in GENERATION_FLAGS.items()}
     out["early_stopping"] = args.early_stopping
     return {k: v for k, v in out.items() if v is not None}
 
