@@ -292,3 +292,21 @@ def test_toolkit_semantics_flags_reach_the_search(g2p, tmp_path, capsys):
         length = int(r.lengths[0, 0])
         assert row[4] == tok.decode(r.sequences[0, 0, 1:length], skip_special_tokens=True).strip()
         assert float(row[3]) == pytest.approx(float(r.sequences_scores[0, 0]), abs=1e-5)
+
+
+def test_eval_takes_generation_options(g2p, capsys):
+    from beamsearch.adapters.hf import search_model
+    from beamsearch.cli.evaluate import CMUDICT_TEST
+
+    assert main(["eval", "--limit", "15", "--beams", "3", "--semantics", "onmt", "--length-penalty-type", "wu"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| beam 3"))
+    model, tok = g2p
+    entries = read_references(CMUDICT_TEST)[:15]
+    hyps = []
+    for word, _ in entries:
+        r = search_model(
+            model, **tok([word], return_tensors="pt"), num_beams=3, semantics="onmt", length_penalty_type="wu"
+        )
+        hyps.append(tok.decode(r.sequences[0, 0, 1 : int(r.lengths[0, 0])], skip_special_tokens=True).split())
+    s = score(hyps, [r for _, r in entries])
+    assert [c.strip() for c in row.split("|")[2:5]] == [f"{s.wer:.2f}", f"{s.wer_stress:.2f}", f"{s.per:.2f}"]
