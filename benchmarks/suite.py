@@ -1,0 +1,308 @@
+"""Benchmark suite: transformers generate, beamsearch, CTranslate2 (float32, int8) and the model floor.
+
+One process, the same models and inputs for every engine; each engine is warmed up, then timed (median of
+--repeats). Engines:
+
+- HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments.
+- CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
+  ``TransformersConverter`` (quantization float32 and int8), the same options in its names (beam_size,
+  max/min decoding length, patience 1, length_penalty 1, return_end_token).
+- floor: the same model forwards with the KV cache and no search (prompt once per example, then B*K rows
+  for the number of steps our search took): the cost of the model alone.
+
+Models (``--models``): t5-small (random weights, d_model 512, 6+6 layers, vocab 32128, source 32, 48 new
+tokens, EOS suppressed so all engines return the same sequences), t5-small-eos (the same shape, EOS likely
+at varied lengths; beam search with early_stopping=True, which is CTranslate2's patience 1), g2p (the
+embedded real T5 on CMUdict test words) and gpt2 (random GPT-2-small shape, prompts of mixed length,
+left-padded, EOS suppressed).
+
+The table gives times, ratios (HF/ours, CT2/ours above 1 mean ours is faster; "over floor" is ours' time
+over the floor's), how many best hypotheses equal transformers', how many CTranslate2 outputs equal ours
+under ``semantics="ct2"`` (the exact-match check under CTranslate2's own rules) and peak memory growth
+(see suite_engines.py for how it is measured). A PNG plot (throughput against beam size; time against
+output length) goes to --plot.
+
+    .venv/bin/python benchmarks/suite.py --quick --threads 1
+    .venv/bin/python benchmarks/suite.py --device cuda --markdown-out benchmarks/results/suite-h100.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import suite_engines as engines  # noqa: E402
+import suite_models as models  # noqa: E402
+
+ENGINES = ("hf", "ours", "ct2-fp32", "ct2-int8", "floor")
+QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
+         "lengths": "8,16,32"}
+FULL = {"models": ",".join(models.MODELS), "beams": "1,4,8", "batches": "1,16,64", "repeats": 3,
+        "lengths": "12,24,48"}
+
+
+@dataclass
+class Row:
+    model: str
+    beams: int
+    batch: int
+    steps: int = 0
+    timings: dict[str, engines.Timing] = field(default_factory=dict)
+    equal_hf: dict[str, int] = field(default_factory=dict)  # engine -> best hypotheses equal to HF's
+    ct2_exact: int | None = None  # CT2 fp32 outputs equal to ours under semantics="ct2"
+    tokens: dict[str, int] = field(default_factory=dict)  # engine -> generated tokens (best hypotheses)
+
+    def seconds(self, engine: str) -> float | None:
+        timing = self.timings.get(engine)
+        return None if timing is None else timing.seconds
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"small grid (beams {QUICK['beams']}, batches {QUICK['batches']}, 1 repeat)")
+    parser.add_argument("--models", help=f"comma-separated, from {', '.join(models.MODELS)} (default: all)")
+    parser.add_argument("--beams", help="comma-separated beam sizes, 1 = greedy (default 1,4,8)")
+    parser.add_argument("--batches", help="comma-separated batch sizes (default 1,16,64)")
+    parser.add_argument("--repeats", type=int, help="timed runs per engine after one warm-up (default 3)")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch and CTranslate2 (default 1)")
+    parser.add_argument("--lengths", help="output lengths of the time-vs-length sweep (t5-small; '' to skip)")
+    parser.add_argument("--markdown-out", type=Path, help="also write the report as Markdown to this file")
+    parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parent / "results" / "suite.png")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    args.models = [m for m in (args.models or preset["models"]).split(",") if m]
+    for name in args.models:
+        if name not in models.MODELS:
+            parser.error(f"unknown model {name!r}; choose from {', '.join(models.MODELS)}")
+    args.beams = _ints(args.beams or preset["beams"])
+    args.batches = _ints(args.batches or preset["batches"])
+    args.repeats = args.repeats or preset["repeats"]
+    args.lengths = _ints(preset["lengths"] if args.lengths is None else args.lengths)
+    args.engines = [e for e in args.engines.split(",") if e]
+    if not set(args.engines) <= set(ENGINES) or "ours" not in args.engines:
+        parser.error(f"--engines: a subset of {ENGINES} that includes 'ours'")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    return args
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_check: bool = True) -> Row:
+    row = Row(workload.name, beams, batch)
+    inputs = workload.batch(batch, args.device)
+    kwargs = workload.generation_kwargs(beams)
+    ours = engines.beamsearch_engine(workload, inputs, kwargs)
+    row.steps = engines.count_forwards(workload.model, ours)  # also ours' warm-up
+    row.timings["ours"] = engines.timed(ours, args.repeats, args.device, warm=True)
+    if "hf" in args.engines:
+        row.timings["hf"] = engines.timed(engines.hf_engine(workload, inputs, kwargs), args.repeats, args.device)
+    for engine, model in ct2_models.items():
+        if engine in args.engines and model is not None:
+            run = engines.CT2.engine(workload, model, batch, beams)
+            row.timings[engine] = engines.timed(run, args.repeats, args.device, foreign_allocator=True)
+    if "floor" in args.engines:
+        floor = engines.floor_engine(workload, inputs, beams, row.steps)
+        row.timings["floor"] = engines.timed(floor, args.repeats, args.device)
+    reference = row.timings["hf"].outputs if "hf" in row.timings else None
+    for engine, timing in row.timings.items():
+        row.tokens[engine] = batch * row.steps if engine == "floor" else sum(map(len, timing.outputs))
+        if reference is not None and engine not in ("hf", "floor"):
+            row.equal_hf[engine] = sum(a == b for a, b in zip(timing.outputs, reference, strict=True))
+    if exact_check and "ct2-fp32" in row.timings:
+        ours_ct2 = engines.beamsearch_ct2_semantics(workload, inputs, beams)
+        row.ct2_exact = sum(a == b for a, b in zip(ours_ct2, row.timings["ct2-fp32"].outputs, strict=True))
+    return row
+
+
+def _fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def _mem(timing: engines.Timing | None) -> str:
+    if timing is None or timing.memory_mib is None:
+        return "-"
+    return f"{'~' if timing.memory_approximate else ''}{timing.memory_mib:.0f}"
+
+
+def table(rows: list[Row]) -> list[str]:
+    lines = [
+        "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
+        " CT2/ours | int8/ours | ours/floor | =HF ours | =HF CT2 | =HF int8 | CT2=ours[ct2] |"
+        " peak MiB HF/ours/CT2/int8/floor | ours tok/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        search = "greedy" if r.beams == 1 else f"beam {r.beams}"
+        ours = r.seconds("ours")
+
+        def eq(engine: str, r=r) -> str:
+            return f"{r.equal_hf[engine]}/{r.batch}" if engine in r.equal_hf else "-"
+
+        memory = "/".join(_mem(r.timings.get(e)) for e in ("hf", "ours", "ct2-fp32", "ct2-int8", "floor"))
+        exact = "-" if r.ct2_exact is None else f"{r.ct2_exact}/{r.batch}"
+        lines.append(
+            f"| {r.model} | {search} | {r.batch} | {r.steps} | {_fmt_s(r.seconds('hf'))} | {_fmt_s(ours)} |"
+            f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
+            f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ct2-fp32'), ours)} |"
+            f" {_ratio(r.seconds('ct2-int8'), ours)} | {_ratio(ours, r.seconds('floor'))} |"
+            f" {eq('ours')} | {eq('ct2-fp32')} | {eq('ct2-int8')} | {exact} | {memory} |"
+            f" {r.tokens['ours'] / ours:.0f} |"
+        )
+    return lines
+
+
+def sweep_table(points: list[tuple[int, Row]]) -> list[str]:
+    lines = ["| new tokens | steps | " + " | ".join(f"{e} s" for e in ENGINES) + " |",
+             "|---:|---:|" + "---:|" * len(ENGINES)]
+    for length, r in points:
+        lines.append(f"| {length} | {r.steps} | " + " | ".join(_fmt_s(r.seconds(e)) for e in ENGINES) + " |")
+    return lines
+
+
+def plot(rows: list[Row], sweep: list[tuple[int, Row]], sweep_label: str, path: Path, header: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot skipped: matplotlib is not installed (.venv/bin/pip install matplotlib)"
+    names = list(dict.fromkeys(r.model for r in rows))
+    panels = len(names) + (1 if sweep else 0)
+    figure, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.8), squeeze=False)
+    for axis, name in zip(axes[0], names, strict=False):
+        mine = [r for r in rows if r.model == name]
+        batch = max(r.batch for r in mine)
+        mine = sorted((r for r in mine if r.batch == batch), key=lambda r: r.beams)
+        for engine in ENGINES:
+            points = [(r.beams, r.tokens[engine] / r.seconds(engine)) for r in mine if r.seconds(engine)]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="o", label=engine)
+        axis.set_title(f"{name}, batch {batch}", fontsize=9)
+        axis.set_xlabel("beam size")
+        axis.set_ylabel("output tokens / s")
+        axis.set_xticks(sorted({r.beams for r in mine}))
+        axis.set_yscale("log")
+        axis.grid(alpha=0.3)
+    if sweep:
+        axis = axes[0][-1]
+        for engine in ENGINES:
+            points = [(length, r.seconds(engine)) for length, r in sweep if r.seconds(engine)]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="o", label=engine)
+        axis.set_title(sweep_label, fontsize=9)
+        axis.set_xlabel("output length (new tokens)")
+        axis.set_ylabel("seconds")
+        axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    figure.suptitle(header, fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return f"plot written to {path}"
+
+
+def environment(args) -> str:
+    import transformers
+
+    try:
+        import ctranslate2
+
+        ct2_version = ctranslate2.__version__
+    except Exception:  # noqa: BLE001
+        ct2_version = "not available"
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {args.threads} thread(s)"
+    return (f"{device}; torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"ctranslate2 {ct2_version}, Python {platform.python_version()}; median of {args.repeats} after a "
+            f"warm-up")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    rows: list[Row] = []
+    sweep: list[tuple[int, Row]] = []
+    sweep_label = ""
+    notes: list[str] = []
+    descriptions: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="beamsearch-suite-") as tmp:
+        work = Path(tmp)
+        ct2 = engines.CT2(args.device, args.threads, work)
+        wanted_ct2 = [e for e in ("ct2-fp32", "ct2-int8") if e in args.engines]
+        for name in args.models:
+            log(f"[{time.perf_counter() - started:6.0f}s] building {name}")
+            workload = models.build(name, work, max(args.batches))
+            workload.model.to(args.device)
+            descriptions.append(f"- {name}: {workload.description}")
+            ct2_models = {e: ct2.load(workload, "float32" if e == "ct2-fp32" else "int8") for e in wanted_ct2}
+            for beams in args.beams:
+                for batch in args.batches:
+                    log(f"[{time.perf_counter() - started:6.0f}s] {name} beams {beams} batch {batch}")
+                    row = run_case(workload, ct2_models, args, beams, batch)
+                    rows.append(row)
+                    log("\n".join(table([row])[2:]))
+            if name == "t5-small" and args.lengths:
+                sweep_beams = 4 if 4 in args.beams else max(args.beams)
+                sweep_batch = min(args.batches)
+                sweep_label = f"t5-small, beam {sweep_beams}, batch {sweep_batch}: time vs length"
+                for length in args.lengths:
+                    log(f"[{time.perf_counter() - started:6.0f}s] sweep: {length} new tokens")
+                    workload.max_new_tokens = length
+                    sweep.append((length, run_case(workload, ct2_models, args, sweep_beams, sweep_batch,
+                                                   exact_check=False)))
+            del workload, ct2_models
+        notes.extend(dict.fromkeys(ct2.notes))
+    header = environment(args)
+    report = [f"beamsearch benchmark suite: {header}", "", *descriptions, "", *table(rows)]
+    if sweep:
+        report += ["", f"Time against output length ({sweep_label.split(':')[0]}):", "", *sweep_table(sweep)]
+    report += ["", "HF/ours, CT2/ours, int8/ours: the other engine's time over ours (above 1: ours is faster);"
+               " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"
+               " CT2=ours[ct2]: CTranslate2 fp32 equal to beamsearch under semantics=\"ct2\". Peak MiB: growth"
+               " over the timed runs (CPU: peak RSS; CUDA: max_memory_allocated, ~ = device memory used by"
+               " CTranslate2's allocator)."]
+    if args.device == "cpu" and not Path("/proc/self/clear_refs").exists():
+        report.append("Peak memory is not measured on this platform (needs Linux /proc).")
+    report += [f"Note: {note}" for note in notes]
+    if not args.no_plot and rows:
+        report.append(plot(rows, sweep, sweep_label, args.plot, header))
+    report.append(f"total {time.perf_counter() - started:.0f} s")
+    text = "\n".join(report)
+    print(text)
+    if args.markdown_out:
+        args.markdown_out.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown_out.write_text(text + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
