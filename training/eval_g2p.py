@@ -38,7 +38,7 @@ def generate_phones(
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            enc = tokenizer([words[i].lower() for i in idx], return_tensors="pt", padding=True)
+            enc = tokenizer([words[i].lower() for i in idx], return_tensors="pt", padding=True).to(model.device)
             gen = model.generate(
                 **enc,
                 num_beams=num_beams,
@@ -60,14 +60,14 @@ def evaluate_entries(model, tokenizer, entries, num_beams: int = 1, batch_size: 
 
 
 def evaluate_dir(
-    model_dir: Path | str, split: str = "test", beams: Sequence[int] = (1, 5), threads: int = 1
+    model_dir: Path | str, split: str = "test", beams: Sequence[int] = (1, 5), threads: int = 1, device: str = "cpu"
 ) -> dict[str, dict[str, float]]:
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).to(device)
     model.eval()
     entries = read_tsv(DATA_DIR / f"{split}.tsv")
     results: dict[str, dict[str, float]] = {}

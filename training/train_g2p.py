@@ -64,6 +64,7 @@ RUN_KEYS = [
     "weight_decay",
     "clip",
     "init_from",
+    "time_schedule",
 ]
 
 
@@ -228,14 +229,22 @@ def collate(data: Sequence[tuple[list[int], list[int]]], batch: Sequence[int]):
     return inp, (inp != PAD).long(), dec, lab
 
 
+def lr_progress(step: int, seconds: float, a) -> float:
+    """How far along the decay is, in [0, 1]: by steps, or with ``--time-schedule`` by the time budget."""
+    if a.time_schedule:
+        return min(1.0, seconds / (a.hours * 3600))
+    return min(1.0, (step - a.warmup) / max(1, a.total_steps - a.warmup))
+
+
 # ---------------------------------------------------------------------------------------------- schedule
 
 
-def lr_at(step: int, a) -> float:
-    """Linear warmup, then cosine decay to ``min_lr_ratio * lr`` at ``total_steps`` (held after that)."""
+def lr_at(step: int, a, seconds: float = 0.0) -> float:
+    """Linear warmup, then cosine decay to ``min_lr_ratio * lr`` at ``total_steps`` (held after that); with
+    ``--time-schedule`` the decay follows the elapsed share of ``--hours`` instead (for a GPU run of fixed time)."""
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
-    frac = min(1.0, (step - a.warmup) / max(1, a.total_steps - a.warmup))
+    frac = lr_progress(step, seconds, a)
     return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -297,6 +306,8 @@ def prepare(a):
 def train(a) -> None:
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
+    device = torch.device(a.device)
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 training on every device
     run_dir: Path = a.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path, best_path, log_path = run_dir / "ckpt_last.pt", run_dir / "best.pt", run_dir / "log.tsv"
@@ -305,11 +316,11 @@ def train(a) -> None:
     resume = ckpt_path.exists() and not a.bench
     if resume:
         saved = json.loads(args_path.read_text())
-        changed = {k: (saved[k], getattr(a, k)) for k in RUN_KEYS if saved.get(k) != getattr(a, k)}
+        changed = {k: (saved.get(k), getattr(a, k)) for k in RUN_KEYS if saved.get(k, getattr(a, k)) != getattr(a, k)}
         if changed:
             log(f"resuming: keeping the run's stored hyperparameters, ignoring command-line {changed}")
         for k in RUN_KEYS:
-            setattr(a, k, saved[k])
+            setattr(a, k, saved.get(k, getattr(a, k)))
 
     split, tok, data = prepare(a)
     lengths = [len(s) + len(t) for s, t in data]
@@ -317,12 +328,13 @@ def train(a) -> None:
     if a.init_from and not resume:
         init_weights(model, tok, Path(a.init_from))
     set_training_dropout(model, a.dropout, a.ff_dropout)
+    model.to(device)
     n_par = n_params(model)
     steps_per_epoch = math.ceil(len(data) / a.batch_size)
     log(
         f"T5 d_model={a.d_model} d_ff={a.d_ff} layers={a.layers}+{a.layers} heads={a.heads} d_kv={a.d_kv} "
         f"vocab={len(tok)} params={n_par:,}; {len(data):,} train pairs, {steps_per_epoch} steps/epoch "
-        f"(batch {a.batch_size}); total_steps={a.total_steps}; threads={torch.get_num_threads()}"
+        f"(batch {a.batch_size}); total_steps={a.total_steps}; threads={torch.get_num_threads()}; device={device}"
     )
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "relative_attention_bias" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "relative_attention_bias" not in n)]
@@ -335,7 +347,7 @@ def train(a) -> None:
 
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "elapsed": 0.0, "loss_sum": 0.0, "loss_n": 0, "best": None}
     if resume:
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optim"])
         torch.set_rng_state(ck["torch_rng"])
@@ -347,7 +359,9 @@ def train(a) -> None:
             f"elapsed {state['elapsed'] / 60:.1f} min, best {state['best']}"
         )
     elif not a.bench:
-        args_path.write_text(json.dumps({k: getattr(a, k) for k in RUN_KEYS}, indent=1) + "\n")
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+        extra = {"device": a.device, "gpu": gpu, "hours": a.hours}
+        args_path.write_text(json.dumps({**{k: getattr(a, k) for k in RUN_KEYS}, **extra}, indent=1) + "\n")
         tok.save_pretrained(run_dir / "tokenizer")
         torch.manual_seed(a.seed + 1)  # dropout stream
         random.seed(a.seed)
@@ -388,7 +402,7 @@ def train(a) -> None:
             "dev_wer_stress": f"{s.wer_stress:.2f}",
             "dev_per": f"{s.per:.2f}",
             "step": state["step"],
-            "lr": f"{lr_at(state['step'], a):.2e}",
+            "lr": f"{lr_at(state['step'], a, state['elapsed'] + time.time() - t_start):.2e}",
         }
         append_log(log_path, row)
         key = (s.wer, s.wer_stress, s.per)
@@ -422,9 +436,9 @@ def train(a) -> None:
         batches = epoch_batches(len(data), lengths, a.batch_size, a.seed, state["epoch"])
         while state["batch_in_epoch"] < len(batches):
             batch = batches[state["batch_in_epoch"]]
-            inp, att, dec, lab = collate(data, batch)
+            inp, att, dec, lab = (t.to(device, non_blocking=True) for t in collate(data, batch))
             for g in opt.param_groups:
-                g["lr"] = lr_at(state["step"], a)
+                g["lr"] = lr_at(state["step"], a, state["elapsed"] + time.time() - t_start)
             logits = model(input_ids=inp, attention_mask=att, decoder_input_ids=dec, use_cache=False).logits
             loss = F.cross_entropy(
                 logits.view(-1, logits.size(-1)), lab.view(-1), ignore_index=-100, label_smoothing=a.label_smoothing
@@ -450,7 +464,7 @@ def train(a) -> None:
             if state["step"] % a.log_every == 0:
                 log(
                     f"step {state['step']} epoch {state['epoch']} ({state['batch_in_epoch']}/{len(batches)}) "
-                    f"loss {win_loss / win_n:.4f} lr {lr_at(state['step'], a):.2e} "
+                    f"loss {win_loss / win_n:.4f} lr {lr_at(state['step'], a, state['elapsed'] + now - t_start):.2e} "
                     f"{win_pairs / (now - win_t):.0f} pairs/s elapsed {(state['elapsed'] + now - t_start) / 60:.1f} min"
                 )
                 win_t, win_pairs, win_loss, win_n = now, 0, 0.0, 0
@@ -552,8 +566,8 @@ No word was dropped. The test and dev lists are `src/beamsearch/data/cmudict/tes
 
 {stages}`training/train_g2p.py` (seed {seed}): one (word, pronunciation) pair per training example, length-bucketed
 batches of {batch_size}, AdamW (betas 0.9/0.98, weight decay {weight_decay}), peak learning rate {lr} with
-{warmup} warmup steps and cosine decay to {min_lr_ratio}x over {total_steps} steps, label smoothing
-{label_smoothing}, gradient clipping {clip}. One CPU thread (`torch.set_num_threads(1)`), float32.
+{warmup} warmup steps and cosine decay to {min_lr_ratio}x over {decay_over}, label smoothing
+{label_smoothing}, gradient clipping {clip}. {hardware}
 Trained for {train_min:.0f} minutes ({steps} steps, {epochs} epochs); the exported weights are the checkpoint with
 the best dev WER (stress removed): step {best_step}, epoch {best_epoch}, after {best_min:.0f} minutes.
 {averaged}
@@ -639,7 +653,7 @@ def export(a) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     write_license(out)
 
-    results = evaluate_dir(out, "test", beams=(1, 5), threads=a.threads)
+    results = evaluate_dir(out, "test", beams=(1, 5), threads=a.threads, device=a.device)
     log(f"test results: {results}")
     (run_dir / "test_results.json").write_text(json.dumps(results, indent=1) + "\n")
 
@@ -685,6 +699,13 @@ def export(a) -> None:
         results=res_rows,
         stages=stages,
         averaged=averaged,
+        decay_over=(
+            f"{saved['hours'] * 60:.0f} minutes" if saved.get("time_schedule") else f"{saved['total_steps']} steps"
+        ),
+        hardware=(
+            f"One {saved['gpu']} GPU, float32 (TF32 off)." if saved.get("gpu")
+            else "One CPU thread (`torch.set_num_threads(1)`), float32."
+        ),
     )
     (out / "README.md").write_text(card)
     log(f"exported to {out}: {sorted(p.name for p in out.iterdir())}")
@@ -703,6 +724,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--no-export-at-end", dest="export_at_end", action="store_false")
     ap.add_argument("--bench", type=float, default=0, help="measure pairs/s for this many seconds, write nothing")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (training; export and test evaluation run on CPU)")
+    ap.add_argument("--time-schedule", action="store_true", help="decay the learning rate over --hours, not steps")
     ap.add_argument("--ckpt-minutes", type=float, default=10)
     ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--extra-steps", type=int, default=0, help="train this many steps past --total-steps")
