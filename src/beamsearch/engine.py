@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .compaction import removal_is_exact
 from .loop import StepFn, decode
 from .options import SearchOptions
 from .processors import build_processors
@@ -79,6 +80,10 @@ def search(
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
     trace = StepTrace(options.output_scores, options.output_logits)
     fill = options.output_fill_token if fill_token_id is None else fill_token_id
+    # finished examples leave the batch when that cannot change a result (sampling would draw differently,
+    # and per-step scores would miss rows)
+    removal = (options.remove_finished and not options.do_sample and not options.output_scores
+               and not options.output_logits and removal_is_exact(processors, criteria))
     common = dict(
         do_sample=options.do_sample,
         eos_token_id=options.eos_token_id,
@@ -94,11 +99,11 @@ def search(
         strategy = BeamSearch(
             input_ids, options.num_beams, max_length, processors, criteria,
             fill_token_id=fill, early_stopping=options.early_stopping,
-            num_return_sequences=options.num_return_sequences, **common,
+            num_return_sequences=options.num_return_sequences, remove_finished=removal, **common,
         )
     else:
         strategy = SamplingSearch(
-            input_ids, rows, max_length, processors, criteria, pad_token_id=fill, **common
+            input_ids, rows, max_length, processors, criteria, pad_token_id=fill, remove_finished=removal, **common
         )
     return decode(step, state, strategy, batch_size)
 

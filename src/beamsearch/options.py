@@ -40,7 +40,8 @@ UNSUPPORTED_OPTIONS: dict[str, tuple] = {
 
 
 SEMANTICS = ("hf", "onmt", "t2t", "ct2")
-# Options beyond transformers' GenerationConfig (the Hugging Face adapter takes them from the call's kwargs).
+# Options beyond transformers' GenerationConfig: other toolkits' and our own (the Hugging Face adapter takes them
+# from the call's kwargs).
 TOOLKIT_OPTIONS = (
     "semantics",
     "length_penalty_type",
@@ -54,6 +55,7 @@ TOOLKIT_OPTIONS = (
     "max_len_b",
     "block_ngram_repeat",
     "ignore_when_blocking",
+    "remove_finished",
 )
 # Options that only one toolkit's search reads: (the semantics that read them, the value that changes nothing).
 _TOOLKIT_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
@@ -139,6 +141,8 @@ class SearchOptions:
     # outputs
     output_scores: bool = False
     output_logits: bool = False
+    # speed
+    remove_finished: bool = True  # finished examples leave the batch where that changes no result
     # other toolkits' semantics (see the README's preset table)
     semantics: str = "hf"  # "hf", "onmt", "t2t", "ct2": whose beam search (scoring and stopping) to run
     length_penalty_type: str | None = None  # "hf", "wu" (= "gnmt"), "avg", "none"; None: the preset's
@@ -199,6 +203,8 @@ class SearchOptions:
             raise ValueError("num_return_sequences > 1 needs num_beams > 1 or do_sample=True (greedy returns one)")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        if not isinstance(self.remove_finished, bool):
+            raise ValueError(f"remove_finished must be True or False, got {self.remove_finished!r}")
         if not isinstance(self.length_penalty, (int, float)):
             raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}")
         for name in ("eos_token_id", "suppress_tokens", "begin_suppress_tokens", "forced_eos_token_id"):

@@ -44,7 +44,8 @@ class HFState:
     3-d ``position_ids`` on dim 1) are expanded. Every later reorder only permutes rows within an
     example, so what is equal across an example's beams (encoder outputs, its mask, the
     cross-attention keys and values) keeps its order and only the self-attention cache and the
-    decoder-side tensors are gathered.
+    decoder-side tensors are gathered, unless the index has fewer rows (finished examples left the
+    batch): then everything row-indexed is gathered.
     """
 
     def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any):
@@ -53,13 +54,16 @@ class HFState:
         self.generation_config = generation_config
         self.prefilled = False
         self.expansion: torch.Tensor | None = None  # [N] example of each row, until the prefill applies it
+        self.rows: int | None = None  # rows in the cache and tensors, once prefilled
         self.return_attention = False  # coverage penalties: also return the last layer's cross-attention
 
     def reorder(self, index: torch.Tensor) -> HFState:
         if not self.prefilled:
             self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
             return self
-        self._gather(index, within_examples=True)
+        within_examples = index.shape[0] == self.rows
+        self.rows = index.shape[0]
+        self._gather(index, within_examples=within_examples)
         return self
 
     def _gather(self, index: torch.Tensor, within_examples: bool) -> None:
@@ -115,6 +119,7 @@ def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState
         state._gather(expansion, within_examples=False)
         logits = logits.index_select(0, expansion.to(logits.device))  # [N, V]
         attention = None if attention is None else attention.index_select(0, expansion.to(attention.device))
+    state.rows = logits.shape[0]
     return (logits, state) if attention is None else (logits, state, attention)
 
 

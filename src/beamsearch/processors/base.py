@@ -38,6 +38,14 @@ class LogitsProcessor:
         """
         raise NotImplementedError
 
+    def select_rows(self, index: torch.Tensor) -> LogitsProcessor:
+        """This processor for a search that keeps only rows ``index`` (finished examples removed).
+
+        Processors without per-row state return themselves; those with it return a copy (never changed in
+        place, since a user may pass the same processor to several searches).
+        """
+        return self
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({fields})"

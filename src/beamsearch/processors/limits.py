@@ -28,6 +28,13 @@ class SourceTiedMaxLength:
         self.prompt_length = prompt_length
         self.eos_token_id = eos_token_id
 
+    def select_rows(self, index: torch.Tensor) -> SourceTiedMaxLength:
+        """This limit for the rows ``index`` only (finished examples removed)."""
+        kept = SourceTiedMaxLength.__new__(SourceTiedMaxLength)
+        kept.limits = self.limits.index_select(0, index.to(self.limits.device))
+        kept.prompt_length, kept.eos_token_id = self.prompt_length, self.eos_token_id
+        return kept
+
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
         at_limit = (input_ids.shape[1] - self.prompt_length) >= self.limits.to(scores.device)  # [N]

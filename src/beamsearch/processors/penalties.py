@@ -39,6 +39,12 @@ class RepetitionPenaltyLogitsProcessor(LogitsProcessor):
             prompt_ignore_length = check_int("prompt_ignore_length", prompt_ignore_length, 0)
         self.prompt_ignore_length = prompt_ignore_length
 
+    def select_rows(self, index: torch.Tensor) -> RepetitionPenaltyLogitsProcessor:
+        if not isinstance(self.prompt_ignore_length, torch.Tensor):
+            return self
+        ignore = self.prompt_ignore_length
+        return RepetitionPenaltyLogitsProcessor(self.penalty, ignore.index_select(0, index.to(ignore.device)))
+
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
         rows, vocab_size = scores.shape

@@ -45,6 +45,10 @@ class ProcessorList(list):
             scores = processor(input_ids, scores)
         return scores
 
+    def select_rows(self, index: torch.Tensor) -> ProcessorList:
+        """The processors for the rows ``index`` only (see :func:`beamsearch.compaction.removal_is_exact`)."""
+        return ProcessorList(processor.select_rows(index) for processor in self)
+
 
 class SkipLeadingTokens:
     """A processor that sees each row's tokens without the first ``count`` (CTranslate2's n-gram blocking)."""
@@ -54,6 +58,9 @@ class SkipLeadingTokens:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         return self.processor(input_ids[:, self.count :], scores)
+
+    def select_rows(self, index: torch.Tensor) -> SkipLeadingTokens:
+        return SkipLeadingTokens(self.processor.select_rows(index), self.count)
 
 
 def build_processors(

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import torch
 
-from ..beams import flatten_beams, gather_beams, unflatten_beams
+from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
+from ..compaction import ActiveExamples
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
 
 MASK = -1.0e9
+# [B, ...] tensors: all are compacted when examples leave; the finished pool is the result.
+_RESULTS = ("sequences", "scores", "beam_indices", "token_log_probs", "is_finished", "finish_reason")
+_PER_EXAMPLE = _RESULTS + ("running_sequences", "running_scores", "running_beam_indices",
+                           "running_token_log_probs", "can_improve", "hits")
 
 
 class BeamSearch:
@@ -41,6 +46,7 @@ class BeamSearch:
         early_stopping: bool | str,
         num_return_sequences: int,
         trace: StepTrace,
+        remove_finished: bool = False,
     ):
         b, t0 = input_ids.shape
         k = num_beams
@@ -70,23 +76,48 @@ class BeamSearch:
         self.hits = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, K]
         self.top_k_mask = torch.arange(self.num_candidates, device=device) < k  # [C]
         self._done = max_length <= t0
+        self.example_ids = torch.arange(b, device=device)  # [B'] original position of each active example
+        # finished examples leave the batch (only when that is exact: see compaction.removal_is_exact)
+        self.active = ActiveExamples(b, device, _PER_EXAMPLE, _RESULTS) if remove_finished else None
 
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
-        """One step; returns the flat parent row of each new live beam, ``[N]``."""
-        b, k = self.batch_size, self.rows_per_example
+        """One step; returns the flat parent row of each new live beam, ``[N]`` (fewer rows once examples left)."""
+        b = self.running_scores.shape[0]  # B': the active examples
         log_probs = self.processors(self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
         self.trace.record(log_probs, logits)
-        candidates = self._grow(unflatten_beams(log_probs, b))
+        *candidates, parents = self._grow(unflatten_beams(log_probs, b))
         self.hits = self.criteria(flatten_beams(candidates[1][:, :, : self.length + 1]), self.trace.scores)
         self.hits = self.hits.reshape(b, self.num_candidates)  # [B, C]
         self._update_finished(*candidates)
-        self._update_running(*candidates)
+        keep = self._update_running(*candidates)
         self.length += 1
         self._update_can_improve()
-        return self.running_beam_indices[:, :, self.length - 1 - self.prompt_length].reshape(b * k)
+        rows = flat_parent_rows(gather_beams(parents, keep))  # [N]
+        return rows if self.active is None else self._remove_done(rows)
+
+    def _remove_done(self, rows: torch.Tensor) -> torch.Tensor:
+        """Decide whether the search goes on (the step's one host sync) and drop the examples that are done.
+
+        An example is done when no live beam can beat its finished pool, or the pool is full under
+        ``early_stopping=True``: either way its pool can no longer change. The search ends when every example
+        is done or every candidate hit a criterion (with row-independent criteria only: the length limit).
+        """
+        k = self.rows_per_example
+        done = ~self.can_improve[:, 0]  # [B']
+        if self.early_stopping is True:
+            done = done | torch.all(self.is_finished, dim=-1)
+        *done, all_hit = torch.cat((done, torch.all(self.hits).reshape(1))).tolist()
+        self._done = bool(all_hit) or all(done)
+        if self._done or not any(done):
+            return rows
+        keep = self.active.drop(self, done)  # [B'']
+        self.example_ids = self.active.ids
+        kept_rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).reshape(-1)  # [N'']
+        self.processors = self.processors.select_rows(kept_rows)
+        return rows.index_select(0, kept_rows)
 
     def _grow(self, log_probs: torch.Tensor):
         """Top (or sampled) C continuations of each example. ``log_probs`` is ``[B, K, V]``."""
@@ -102,19 +133,20 @@ class BeamSearch:
         sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
         sequences[:, :, self.length] = tokens
         beam_indices = gather_beams(self.running_beam_indices, parents)  # [B, C, G]
-        beam_indices[:, :, position] = parents + torch.arange(b, device=flat.device)[:, None] * k
+        beam_indices[:, :, position] = parents + self.example_ids[:, None] * k  # rows of the full batch, as HF
         token_log_probs = gather_beams(self.running_token_log_probs, parents)  # [B, C, G]
         token_log_probs[:, :, position] = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)
-        return scores, sequences, beam_indices, token_log_probs
+        return scores, sequences, beam_indices, token_log_probs, parents
 
-    def _update_running(self, scores, sequences, beam_indices, token_log_probs) -> None:
-        """The best K candidates that did not stop become the live beams."""
+    def _update_running(self, scores, sequences, beam_indices, token_log_probs) -> torch.Tensor:
+        """The best K candidates that did not stop become the live beams; returns their candidate positions."""
         live_scores = scores + self.hits.to(torch.float32) * MASK  # [B, C]
         keep = torch.topk(live_scores, k=self.rows_per_example)[1]  # [B, K]
         self.running_sequences = gather_beams(sequences, keep)
         self.running_scores = gather_beams(live_scores, keep)
         self.running_beam_indices = gather_beams(beam_indices, keep)
         self.running_token_log_probs = gather_beams(token_log_probs, keep)
+        return keep
 
     def _update_finished(self, scores, sequences, beam_indices, token_log_probs) -> None:
         """Merge candidates that just stopped (among the first K) into the finished pool."""
@@ -146,13 +178,15 @@ class BeamSearch:
         self.can_improve = self.can_improve & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
     def is_done(self) -> bool:
-        if self._done:
-            return True
+        if self._done or self.active is not None:  # with removal, advance() decided
+            return self._done
         open_pool = ~(torch.all(self.is_finished) & (self.early_stopping is True))
         going = torch.any(self.can_improve) & open_pool & ~torch.all(self.hits)
         return not bool(going)
 
     def result(self) -> SearchResult:
+        if self.active is not None:
+            self.active.finish(self)
         n = self.num_return_sequences
         beam_indices = self.beam_indices[:, :n]  # [B, n, G]
         generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]

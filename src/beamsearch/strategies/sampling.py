@@ -13,9 +13,13 @@ from __future__ import annotations
 import torch
 
 from ..beams import unflatten_beams
+from ..compaction import ActiveExamples
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
+
+# [N, ...] row tensors; all make up the result and all are compacted when examples leave.
+_RESULTS = ("sequences", "unfinished", "lengths", "token_log_probs", "finish_reason")
 
 
 class SamplingSearch:
@@ -34,6 +38,7 @@ class SamplingSearch:
         pad_token_id: int,
         length_penalty: float,
         trace: StepTrace,
+        remove_finished: bool = False,
     ):
         batch_size, prompt_length = input_ids.shape
         rows = input_ids.repeat_interleave(rows_per_example, dim=0)  # [N, t0]
@@ -58,6 +63,9 @@ class SamplingSearch:
         self.token_log_probs = torch.zeros(n, max(max_length - prompt_length, 0), device=device)  # [N, L-t0]
         self.finish_reason = torch.zeros(n, dtype=torch.long, device=device)  # [N]
         self._done = max_length <= prompt_length
+        # examples whose rows all finished leave the batch (greedy only: sampling would draw differently)
+        removal = remove_finished and not do_sample
+        self.active = ActiveExamples(batch_size, device, _RESULTS, _RESULTS, rows_per_example) if removal else None
 
     def tokens(self) -> torch.Tensor:
         return self.sequences[:, : self.length]  # [N, t]
@@ -83,12 +91,28 @@ class SamplingSearch:
         reasons = classify_stop(self.tokens(), stopped & self.unfinished, self.eos_token_id, self.max_length)
         self.finish_reason = torch.where(stopped & self.unfinished, reasons, self.finish_reason)
         self.unfinished = self.unfinished & ~stopped
-        return None
+        return None if self.active is None else self._remove_done()
+
+    def _remove_done(self) -> torch.Tensor | None:
+        """Drop the examples whose rows all finished (the step's one host sync); their rows' results are final."""
+        k = self.rows_per_example
+        done = (~self.unfinished.reshape(-1, k).any(dim=1)).tolist()  # [B']
+        self._done = self._done or all(done)
+        if self._done or not any(done):
+            return None
+        keep = self.active.drop(self, done)
+        rows = self.active.entries(keep)  # [N'']
+        self.processors = self.processors.select_rows(rows)
+        return rows
 
     def is_done(self) -> bool:
+        if self.active is not None:  # advance() decided
+            return self._done
         return self._done or not bool(self.unfinished.any())
 
     def result(self) -> SearchResult:
+        if self.active is not None:
+            self.active.finish(self)
         b, k = self.batch_size, self.rows_per_example
         sum_log_probs = self.token_log_probs.sum(dim=1)  # [N]
         generated = (self.lengths - self.prompt_length).clamp(min=1).to(sum_log_probs.dtype)
