@@ -3,7 +3,8 @@
 One process, the same models and inputs for every engine; each engine is warmed up, then timed (median of
 --repeats). Engines:
 
-- HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments.
+- HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments; ours-keep: the same with
+  ``remove_finished=False`` (finished examples stay in the batch, as in transformers): the lever's effect.
 - CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
   ``TransformersConverter`` (quantization float32 and int8), the same options in its names (beam_size,
   max/min decoding length, patience 1, length_penalty 1, return_end_token).
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suite_engines as engines  # noqa: E402
 import suite_models as models  # noqa: E402
 
-ENGINES = ("hf", "ours", "ct2-fp32", "ct2-int8", "floor")
+ENGINES = ("hf", "ours", "ours-keep", "ct2-fp32", "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
          "lengths": "8,16,32"}
 FULL = {"models": ",".join(models.MODELS), "beams": "1,4,8", "batches": "1,16,64", "repeats": 3,
@@ -114,6 +115,9 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     ours = engines.beamsearch_engine(workload, inputs, kwargs)
     row.steps = engines.count_forwards(workload.model, ours)  # also ours' warm-up
     row.timings["ours"] = engines.timed(ours, args.repeats, args.device, warm=True)
+    if "ours-keep" in args.engines:
+        keep = engines.beamsearch_engine(workload, inputs, dict(kwargs, remove_finished=False))
+        row.timings["ours-keep"] = engines.timed(keep, args.repeats, args.device)
     if "hf" in args.engines:
         row.timings["hf"] = engines.timed(engines.hf_engine(workload, inputs, kwargs), args.repeats, args.device)
     for engine, model in ct2_models.items():
@@ -151,9 +155,9 @@ def _mem(timing: engines.Timing | None) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
-        " CT2/ours | int8/ours | ours/floor | =HF ours | =HF CT2 | =HF int8 | CT2=ours[ct2] |"
+        " keep/ours | CT2/ours | int8/ours | ours/floor | =HF ours | =HF CT2 | =HF int8 | CT2=ours[ct2] |"
         " peak MiB HF/ours/CT2/int8/floor | ours tok/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         search = "greedy" if r.beams == 1 else f"beam {r.beams}"
@@ -167,7 +171,8 @@ def table(rows: list[Row]) -> list[str]:
         lines.append(
             f"| {r.model} | {search} | {r.batch} | {r.steps} | {_fmt_s(r.seconds('hf'))} | {_fmt_s(ours)} |"
             f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
-            f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ct2-fp32'), ours)} |"
+            f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ours-keep'), ours)} |"
+            f" {_ratio(r.seconds('ct2-fp32'), ours)} |"
             f" {_ratio(r.seconds('ct2-int8'), ours)} | {_ratio(ours, r.seconds('floor'))} |"
             f" {eq('ours')} | {eq('ct2-fp32')} | {eq('ct2-int8')} | {exact} | {memory} |"
             f" {r.tokens['ours'] / ours:.0f} |"
@@ -287,6 +292,7 @@ def main(argv=None) -> None:
     if sweep:
         report += ["", f"Time against output length ({sweep_label.split(':')[0]}):", "", *sweep_table(sweep)]
     report += ["", "HF/ours, CT2/ours, int8/ours: the other engine's time over ours (above 1: ours is faster);"
+               " keep/ours: ours without removing finished examples (remove_finished=False) over ours;"
                " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"
                " CT2=ours[ct2]: CTranslate2 fp32 equal to beamsearch under semantics=\"ct2\". Peak MiB: growth"
                " over the timed runs (CPU: peak RSS; CUDA: max_memory_allocated, ~ = device memory used by"
