@@ -30,6 +30,7 @@ def search(
     source_lengths: torch.Tensor | None = None,
     options: SearchOptions | None = None,
     fill_token_id: int | None = None,
+    prefix_allowed_tokens_fn: Any = None,
     **kwargs: Any,
 ) -> SearchResult:
     """Decode with any model through one step function.
@@ -52,6 +53,8 @@ def search(
             ``max_len_b``, OpenNMT's ``ratio``); the Hugging Face adapter passes the encoder input lengths.
         options: a prepared :class:`SearchOptions`; otherwise built from ``kwargs``.
         fill_token_id: the token that pads returned sequences (default: pad, else first eos, else 0).
+        prefix_allowed_tokens_fn: ``(batch_id, tokens [t]) -> allowed token ids`` for the next position, as in
+            ``generate`` (``batch_id`` is ``row // num_beams``); everything else is masked.
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
             ``eos_token_id``, ``do_sample``, ``temperature``, ...). Unknown ones raise ValueError.
 
@@ -75,7 +78,8 @@ def search(
             raise ValueError(f"source_lengths must have shape [B={batch_size}], got {tuple(source_lengths.shape)}")
         row_source_lengths = source_lengths.repeat_interleave(rows)
     processors = build_processors(
-        options, prompt_length, padding_lengths, list(logits_processor), source_lengths=row_source_lengths
+        options, prompt_length, padding_lengths, list(logits_processor), source_lengths=row_source_lengths,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
     )
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
     trace = StepTrace(options.output_scores, options.output_logits)

@@ -24,7 +24,6 @@ from .hf_outputs import to_hf_output
 
 # generate() arguments that change results and that we do not implement.
 _REJECTED_ARGUMENTS = (
-    "prefix_allowed_tokens_fn",
     "assistant_model",
     "assistant_tokenizer",
     "negative_prompt_ids",
@@ -173,6 +172,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     if kwargs.pop("trust_remote_code", None):
         raise ValueError("beamsearch never enables trust_remote_code")
     tokenizer = kwargs.pop("tokenizer", None)
+    allowed_fn = kwargs.pop("prefix_allowed_tokens_fn", None)
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
@@ -191,6 +191,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         source_lengths=setup["source_lengths"],
         options=options,
         fill_token_id=_fill_token(config, options),
+        prefix_allowed_tokens_fn=allowed_fn,
     )
     return result, config, options
 
@@ -223,11 +224,23 @@ def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stop
         chunk.pop("input_ids", None)
         if "attention_mask" in chunk:
             chunk["attention_mask"] = kwargs["attention_mask"][start : start + step]
+        if chunk.get("prefix_allowed_tokens_fn") is not None:  # batch ids of the whole batch, not of the chunk
+            first = start * rows // beams  # batch_id is row // num_beams, as in transformers
+            chunk["prefix_allowed_tokens_fn"] = _shift_batch_ids(kwargs["prefix_allowed_tokens_fn"], first)
         outputs.append(_run(model, ids[start : start + step], generation_config, logits_processor,
                             stopping_criteria, chunk))
     _, config, options = outputs[-1]
     result = concatenate([r for r, _, _ in outputs], _fill_token(config, options), rows)
     return result, config, options
+
+
+def _shift_batch_ids(fn: Any, first: int) -> Any:
+    """``prefix_allowed_tokens_fn`` for a sub-batch whose first ``batch_id`` is ``first`` in the whole batch."""
+
+    def shifted(batch_id: int, tokens: torch.Tensor) -> Any:
+        return fn(batch_id + first, tokens)
+
+    return shifted
 
 
 def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

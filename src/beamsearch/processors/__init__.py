@@ -5,6 +5,7 @@ V vocabulary, t tokens so far) and never modifies its inputs in place, so these 
 processors are interchangeable. :func:`build_processors` builds the list ``generate`` would build.
 """
 
+from .allowed import PrefixConstrainedLogitsProcessor
 from .base import LogitsProcessor
 from .masks import (
     ForcedBOSTokenLogitsProcessor,
@@ -38,6 +39,7 @@ __all__ = [
     "LogitsProcessor",
     "MinLengthLogitsProcessor",
     "MinNewTokensLengthLogitsProcessor",
+    "PrefixConstrainedLogitsProcessor",
     "MinPLogitsWarper",
     "NoBadWordsLogitsProcessor",
     "NoRepeatNGramLogitsProcessor",

@@ -11,6 +11,7 @@ import torch
 
 from ..merging import merge_user_items
 from ..options import SearchOptions
+from .allowed import AllowedTokensFn, PrefixConstrainedLogitsProcessor
 from .limits import SourceTiedMaxLength
 from .masks import (
     ForcedBOSTokenLogitsProcessor,
@@ -69,6 +70,7 @@ def build_processors(
     padding_lengths: torch.Tensor | None = None,
     user_processors: Iterable[Processor] = (),
     source_lengths: torch.Tensor | None = None,
+    prefix_allowed_tokens_fn: AllowedTokensFn | None = None,
 ) -> ProcessorList:
     """The processors of a search, in the order of Hugging Face ``_get_logits_processor``.
 
@@ -83,6 +85,7 @@ def build_processors(
             repetition penalty; None if there is no padding.
         user_processors: extra processors ``(input_ids [N, t], scores [N, V]) -> scores [N, V]``.
         source_lengths: LongTensor ``[N]`` of each row's source length (for ``max_len_a`` / ``max_len_b``).
+        prefix_allowed_tokens_fn: ``(batch_id, tokens [t]) -> allowed token ids``, as in ``generate``.
 
     Returns:
         A :class:`ProcessorList`.
@@ -102,6 +105,8 @@ def build_processors(
         defaults.append(MinLengthLogitsProcessor(options.min_length, eos))
     if eos is not None and options.min_new_tokens is not None and options.min_new_tokens > 0:
         defaults.append(MinNewTokensLengthLogitsProcessor(prompt_length, options.min_new_tokens, eos))
+    if prefix_allowed_tokens_fn is not None:
+        defaults.append(PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, options.num_beams))
     if options.forced_bos_token_id is not None:
         defaults.append(ForcedBOSTokenLogitsProcessor(options.forced_bos_token_id))
     if options.forced_eos_token_id is not None:
