@@ -4,7 +4,8 @@ One process, the same models and inputs for every engine; each engine is warmed 
 --repeats). Engines:
 
 - HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments; ours-keep: the same with
-  ``remove_finished=False`` (finished examples stay in the batch, as in transformers): the lever's effect.
+  ``remove_finished=False`` (finished examples stay in the batch, as in transformers): the lever's effect;
+  ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU only; dynamic int8 linear layers).
 - CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
   ``TransformersConverter`` (quantization float32 and int8), the same options in its names (beam_size,
   max/min decoding length, patience 1, length_penalty 1, return_end_token).
@@ -39,12 +40,14 @@ from pathlib import Path
 
 import torch
 
+import beamsearch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import suite_engines as engines  # noqa: E402
 import suite_models as models  # noqa: E402
 
-ENGINES = ("hf", "ours", "ours-keep", "ct2-fp32", "ct2-int8", "floor")
+ENGINES = ("hf", "ours", "ours-keep", "ours-int8", "ct2-fp32", "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
          "lengths": "8,16,32"}
 FULL = {"models": ",".join(models.MODELS), "beams": "1,4,8", "batches": "1,16,64", "repeats": 3,
@@ -118,6 +121,11 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-keep" in args.engines:
         keep = engines.beamsearch_engine(workload, inputs, dict(kwargs, remove_finished=False))
         row.timings["ours-keep"] = engines.timed(keep, args.repeats, args.device)
+    if "ours-int8" in args.engines and args.device == "cpu":
+        if workload.int8_model is None:
+            workload.int8_model = beamsearch.quantize_int8(workload.model)
+        int8 = engines.beamsearch_engine(workload, inputs, kwargs, model=workload.int8_model)
+        row.timings["ours-int8"] = engines.timed(int8, args.repeats, args.device)
     if "hf" in args.engines:
         row.timings["hf"] = engines.timed(engines.hf_engine(workload, inputs, kwargs), args.repeats, args.device)
     for engine, model in ct2_models.items():
@@ -155,9 +163,11 @@ def _mem(timing: engines.Timing | None) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
-        " keep/ours | CT2/ours | int8/ours | ours/floor | =HF ours | =HF CT2 | =HF int8 | CT2=ours[ct2] |"
+        " keep/ours | CT2/ours | int8/ours | ours-int8 s | CT2 int8/ours-int8 | ours/floor | =HF ours | =HF CT2 |"
+        " =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
         " peak MiB HF/ours/CT2/int8/floor | ours tok/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---|---:|",
     ]
     for r in rows:
         search = "greedy" if r.beams == 1 else f"beam {r.beams}"
@@ -173,8 +183,9 @@ def table(rows: list[Row]) -> list[str]:
             f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
             f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ours-keep'), ours)} |"
             f" {_ratio(r.seconds('ct2-fp32'), ours)} |"
-            f" {_ratio(r.seconds('ct2-int8'), ours)} | {_ratio(ours, r.seconds('floor'))} |"
-            f" {eq('ours')} | {eq('ct2-fp32')} | {eq('ct2-int8')} | {exact} | {memory} |"
+            f" {_ratio(r.seconds('ct2-int8'), ours)} | {_fmt_s(r.seconds('ours-int8'))} |"
+            f" {_ratio(r.seconds('ct2-int8'), r.seconds('ours-int8'))} | {_ratio(ours, r.seconds('floor'))} |"
+            f" {eq('ours')} | {eq('ct2-fp32')} | {eq('ct2-int8')} | {eq('ours-int8')} | {exact} | {memory} |"
             f" {r.tokens['ours'] / ours:.0f} |"
         )
     return lines
@@ -293,6 +304,8 @@ def main(argv=None) -> None:
         report += ["", f"Time against output length ({sweep_label.split(':')[0]}):", "", *sweep_table(sweep)]
     report += ["", "HF/ours, CT2/ours, int8/ours: the other engine's time over ours (above 1: ours is faster);"
                " keep/ours: ours without removing finished examples (remove_finished=False) over ours;"
+               " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
+               " time over it;"
                " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"
                " CT2=ours[ct2]: CTranslate2 fp32 equal to beamsearch under semantics=\"ct2\". Peak MiB: growth"
                " over the timed runs (CPU: peak RSS; CUDA: max_memory_allocated, ~ = device memory used by"

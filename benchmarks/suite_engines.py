@@ -164,8 +164,8 @@ def hf_engine(workload, inputs: dict, kwargs: dict) -> Callable[[], list[list[in
     return run
 
 
-def beamsearch_engine(workload, inputs: dict, kwargs: dict) -> Callable[[], list[list[int]]]:
-    model = workload.model
+def beamsearch_engine(workload, inputs: dict, kwargs: dict, model=None) -> Callable[[], list[list[int]]]:
+    model = workload.model if model is None else model
 
     @torch.no_grad()
     def run():

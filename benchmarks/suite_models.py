@@ -51,6 +51,7 @@ class Workload:
     eos_token_id: int
     start_token_id: int | None  # the decoder start token (encoder-decoder models)
     notes: list[str] = field(default_factory=list)
+    int8_model: torch.nn.Module | None = None  # beamsearch.quantize_int8(model), made on first use
 
     def batch(self, size: int, device: str) -> dict[str, torch.Tensor]:
         """The first ``size`` inputs, padded (right for encoders, left for decoder-only prompts)."""

@@ -26,10 +26,12 @@ class Model:
     warnings: list[str] = field(default_factory=list)
 
 
-def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False) -> Model:
+def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False,
+               int8: bool = False) -> Model:
     """The model and tokenizer of a local directory (the embedded G2P model when ``path`` is None).
 
-    ``eager_attention`` loads it with attention weights available (for coverage penalties).
+    ``eager_attention`` loads it with attention weights available (for coverage penalties); ``int8`` quantizes
+    its linear layers (CPU only, :func:`beamsearch.quantize_int8`).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -57,6 +59,13 @@ def load_model(path: str | None, device: str, lowercase: bool | None, eager_atte
         model = model.to(device).eval()
     except (RuntimeError, AssertionError) as e:
         raise CLIError(f"--device {device}: {e}") from None
+    if int8:
+        from ..quantize import quantize_int8
+
+        try:
+            model = quantize_int8(model)
+        except ValueError as e:
+            raise CLIError(f"--int8: {e}") from None
     if not config.is_encoder_decoder:
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:

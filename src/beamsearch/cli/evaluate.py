@@ -29,7 +29,7 @@ def run_eval(args: argparse.Namespace) -> int:
         raise CLIError(f"--data {path}: no examples")
     options = generation_options(args)
     m = load_model(args.model, args.device, args.lowercase,
-                   eager_attention=options.get("coverage_penalty", "none") != "none")
+                   eager_attention=options.get("coverage_penalty", "none") != "none", int8=args.int8)
     if args.seed is not None:
         import torch
 

@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--seed", type=int, help="random seed for sampling")
         p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+        p.add_argument("--int8", action="store_true", help="quantize the model's linear layers to int8 (CPU only)")
 
     def generation_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
         for flag, (_, typ, help_) in GENERATION_FLAGS.items():
@@ -158,7 +159,7 @@ def run_decode(args: argparse.Namespace) -> int:
     out = Output(args.output, args.format, resume=args.resume, overwrite=args.overwrite)
     try:
         eager = args.coverage_penalty not in (None, "none")
-        m = load_model(args.model, args.device, args.lowercase, eager_attention=eager)
+        m = load_model(args.model, args.device, args.lowercase, eager_attention=eager, int8=args.int8)
         if args.seed is not None:
             import torch
 
