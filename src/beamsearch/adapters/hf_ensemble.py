@@ -1,0 +1,75 @@
+"""An ensemble of Hugging Face models decoded as one: ``search_ensemble([model_a, model_b], input_ids, ...)``.
+
+Every model is prepared exactly as :func:`beamsearch.generate` prepares one (its own encoder run, cache and
+masks); the generation options and defaults come from the first model's generation config. The models must
+share the tokenizer: the same target vocabulary and the same decoder start tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..engine import search
+from ..ensemble import ensemble_step
+from ..options import TOOLKIT_OPTIONS
+from ..results import SearchResult
+from .hf import _REJECTED_ARGUMENTS, HFState, _fill_token, _options_from_config, _prepare, hf_step
+
+
+def search_ensemble(
+    models: Sequence[Any],
+    inputs: torch.Tensor | None = None,
+    generation_config: Any = None,
+    *,
+    mode: str = "log",
+    weights: Sequence[float] | None = None,
+    **kwargs: Any,
+) -> SearchResult:
+    """Decode with several Hugging Face models at once (see :func:`beamsearch.ensemble.ensemble_step`).
+
+    Args:
+        models: the models, all encoder-decoder or all decoder-only, with one target vocabulary.
+        inputs, generation_config, **kwargs: as for ``model.generate`` (``input_ids``, ``attention_mask``,
+            ``num_beams``, ...), applied to every model.
+        mode: "log" (mean of log-probabilities, OpenNMT-py) or "prob" (mean of probabilities, fairseq).
+        weights: one weight per model; default equal.
+
+    Returns:
+        A :class:`~beamsearch.SearchResult`.
+    """
+    models = list(models)
+    if not models:
+        raise ValueError("search_ensemble needs at least one model")
+    kinds = {bool(m.config.is_encoder_decoder) for m in models}
+    if len(kinds) > 1:
+        raise ValueError("an ensemble must be all encoder-decoder or all decoder-only models")
+    for name in (*_REJECTED_ARGUMENTS, "prefix_allowed_tokens_fn", "max_rows"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"argument {name!r} is not supported with an ensemble")
+    tokenizer = kwargs.pop("tokenizer", None)
+    toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
+    step = ensemble_step([hf_step] * len(models), mode, weights)  # checks mode and weights first
+    setups = [_prepare(model, inputs, generation_config, dict(kwargs)) for model in models]
+    first = setups[0]
+    for i, setup in enumerate(setups[1:], 1):
+        if not torch.equal(setup["input_ids"], first["input_ids"]):
+            raise ValueError(f"ensemble model {i} starts decoding from other tokens than model 0 (decoder start "
+                             "token or prompt): the models must share the tokenizer")
+    config = first["generation_config"]
+    options = _options_from_config(config, toolkit, first["has_default_max_length"])
+    if options.coverage_penalty != "none":
+        raise ValueError("coverage penalties are not supported with an ensemble")
+    states = tuple(HFState(m, s["model_kwargs"], s["generation_config"]) for m, s in zip(models, setups, strict=True))
+    return search(
+        step,
+        first["input_ids"],
+        states,
+        tokenizer=tokenizer,
+        padding_lengths=first["padding_lengths"],
+        source_lengths=first["source_lengths"],
+        options=options,
+        fill_token_id=_fill_token(config, options),
+    )
