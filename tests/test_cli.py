@@ -310,3 +310,45 @@ def test_eval_takes_generation_options(g2p, capsys):
         hyps.append(tok.decode(r.sequences[0, 0, 1 : int(r.lengths[0, 0])], skip_special_tokens=True).split())
     s = score(hyps, [r for _, r in entries])
     assert [c.strip() for c in row.split("|")[2:5]] == [f"{s.wer:.2f}", f"{s.wer_stress:.2f}", f"{s.per:.2f}"]
+
+
+def test_ensemble_flag_decodes_with_both_models(g2p, tmp_path, capsys):
+    """--ensemble DIR: the embedded model and a perturbed copy, as search_ensemble decodes them."""
+    from beamsearch.adapters.hf_ensemble import search_ensemble
+
+    model, tok = g2p
+    other = AutoModelForSeq2SeqLM.from_pretrained(EMBEDDED_MODEL).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    folder = tmp_path / "other"
+    other.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(EMBEDDED_MODEL / name, folder / name)
+    words = ["hello", "ensemble", "quixotic"]
+    f = write(tmp_path, "in.txt", words)
+    argv = ["decode", f, "--ensemble", str(folder), "--ensemble-mode", "prob", "--num-beams", "3", "--quiet"]
+    assert main(argv) == 0
+    got = capsys.readouterr().out.splitlines()
+    enc = tok(words, return_tensors="pt", padding=True)
+    other = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    result = search_ensemble([model, other], **enc, num_beams=3, mode="prob")
+    want = [tok.decode(result.sequences[i, 0, : int(result.lengths[i, 0])], skip_special_tokens=True).strip()
+            for i in range(len(words))]
+    assert got == want
+
+
+def test_ensemble_with_another_vocabulary_is_refused(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "lm"
+    GPT2LMHeadModel(GPT2Config(vocab_size=101, n_embd=16, n_layer=1, n_head=2)).save_pretrained(folder)
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<pad>": 1}, unk_token="a")),
+                            pad_token="<pad>").save_pretrained(folder)
+    f = write(tmp_path, "in.txt", ["hello"])
+    assert main(["decode", f, "--ensemble", str(folder)]) == 2
+    assert "its tokenizer differs from the main model's" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from ..results import SearchResult
 from .hf import _REJECTED_ARGUMENTS, HFState, _fill_token, _options_from_config, _prepare, hf_step
 
 
+@torch.no_grad()
 def search_ensemble(
     models: Sequence[Any],
     inputs: torch.Tensor | None = None,

@@ -24,6 +24,8 @@ class Model:
     tokenizer: Any
     lowercase: bool  # the embedded G2P model reads lowercase words
     warnings: list[str] = field(default_factory=list)
+    ensemble: list[Any] = field(default_factory=list)  # --ensemble: more models decoded with this one
+    ensemble_mode: str = "log"
 
 
 def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False,
@@ -132,13 +134,14 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
     """Run the search on one batch; per input, its hypotheses as JSON-ready dicts with their text."""
     padded = m.tokenizer.pad({"input_ids": [e.ids for e in batch]}, return_tensors="pt")
     device = m.model.device
+    inputs = {"input_ids": padded["input_ids"].to(device), "attention_mask": padded["attention_mask"].to(device)}
     try:
-        result = search_model(
-            m.model,
-            input_ids=padded["input_ids"].to(device),
-            attention_mask=padded["attention_mask"].to(device),
-            **options,
-        )
+        if m.ensemble:
+            from ..adapters.hf_ensemble import search_ensemble
+
+            result = search_ensemble([m.model, *m.ensemble], **inputs, mode=m.ensemble_mode, **options)
+        else:
+            result = search_model(m.model, **inputs, **options)
     except ValueError as e:
         raise CLIError(str(e)) from None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..evaluation import read_references, score
 from .decoding import decode_lines, load_model
 from .inputs import CLIError, Line
-from .main import generation_options, input_limit
+from .main import add_ensemble, generation_options, input_limit
 
 CMUDICT_TEST = Path(__file__).resolve().parent.parent / "data" / "cmudict" / "test.tsv"
 
@@ -30,6 +30,7 @@ def run_eval(args: argparse.Namespace) -> int:
     options = generation_options(args)
     m = load_model(args.model, args.device, args.lowercase,
                    eager_attention=options.get("coverage_penalty", "none") != "none", int8=args.int8)
+    add_ensemble(m, args)
     if args.seed is not None:
         import torch
 

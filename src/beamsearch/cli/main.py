@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, help="random seed for sampling")
         p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
         p.add_argument("--int8", action="store_true", help="quantize the model's linear layers to int8 (CPU only)")
+        p.add_argument("--ensemble", action="append", default=[], metavar="DIR",
+                       help="decode with this model directory too, distributions averaged (repeatable)")
+        p.add_argument("--ensemble-mode", choices=("log", "prob"), default="log",
+                       help="average log-probabilities (OpenNMT-py) or probabilities (fairseq)")
 
     def generation_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
         for flag, (_, typ, help_) in GENERATION_FLAGS.items():
@@ -160,6 +164,7 @@ def run_decode(args: argparse.Namespace) -> int:
     try:
         eager = args.coverage_penalty not in (None, "none")
         m = load_model(args.model, args.device, args.lowercase, eager_attention=eager, int8=args.int8)
+        add_ensemble(m, args)
         if args.seed is not None:
             import torch
 
@@ -184,6 +189,19 @@ def run_decode(args: argparse.Namespace) -> int:
     finally:
         out.close()
     return 0
+
+
+def add_ensemble(m: Any, args: argparse.Namespace) -> None:
+    """Load the --ensemble directories next to the main model; they must share its tokenizer."""
+    from .decoding import load_model
+
+    for folder in args.ensemble:
+        other = load_model(folder, args.device, args.lowercase, int8=args.int8)
+        if other.tokenizer.get_vocab() != m.tokenizer.get_vocab():
+            raise CLIError(f"--ensemble {folder}: its tokenizer differs from the main model's (an ensemble needs "
+                           "one vocabulary)")
+        m.ensemble.append(other.model)
+    m.ensemble_mode = args.ensemble_mode
 
 
 def progress(total: int | None, quiet: bool, initial: int = 0) -> Any:
