@@ -64,7 +64,6 @@ def test_user_processor_and_criterion_are_used_like_transformers():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    ({"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 0.5}, "num_beam_groups"),
     ({"prefix_allowed_tokens_fn": lambda batch, ids: [3]}, "prefix_allowed_tokens_fn"),
     ({"num_beams": 2, "force_words_ids": [[5]]}, "force_words_ids"),
     ({"penalty_alpha": 0.6, "top_k": 4}, "penalty_alpha"),

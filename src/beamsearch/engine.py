@@ -15,6 +15,7 @@ from .results import SearchResult
 from .stopping import build_stopping_criteria
 from .strategies.base import StepTrace
 from .strategies.beam import BeamSearch
+from .strategies.group import GroupBeamSearch
 from .strategies.sampling import SamplingSearch
 
 
@@ -98,6 +99,13 @@ def search(
         strategy = toolkit_strategy(options.semantics)(
             input_ids, max_length, processors, criteria,
             options=options, fill_token_id=fill, trace=trace, source_lengths=source_lengths,
+        )
+    elif options.num_beam_groups > 1:
+        strategy = GroupBeamSearch(
+            input_ids, options.num_beams, options.num_beam_groups, options.diversity_penalty, max_length, processors,
+            criteria, eos_token_id=options.eos_token_id, pad_token_id=options.output_fill_token, fill_token_id=fill,
+            length_penalty=options.length_penalty, early_stopping=options.early_stopping,
+            num_return_sequences=options.num_return_sequences, trace=trace,
         )
     elif options.num_beams > 1:
         strategy = BeamSearch(

@@ -14,8 +14,6 @@ from typing import Any
 # Generation options we know of but do not implement; passing a non-default value is an error,
 # never a silent no-op.
 UNSUPPORTED_OPTIONS: dict[str, tuple] = {
-    "num_beam_groups": (1,),
-    "diversity_penalty": (0.0,),
     "constraints": (),
     "force_words_ids": (),
     "penalty_alpha": (0.0,),
@@ -114,6 +112,8 @@ class SearchOptions:
     num_return_sequences: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    num_beam_groups: int = 1  # diverse beam search (transformers 4.x): beams in G groups, decoded one after another
+    diversity_penalty: float = 0.0  # subtracted per earlier-group choice of the same token at the same step
     # special tokens
     eos_token_id: tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -233,6 +233,7 @@ class SearchOptions:
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
         self._validate_warpers()
         self._validate_toolkit_options()
+        self._validate_groups()
         if self.stop_strings is not None and (not self.stop_strings or any(not s for s in self.stop_strings)):
             raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
 
@@ -273,6 +274,28 @@ class SearchOptions:
         if self.length_penalty_type is not None and self.length_penalty_type not in allowed:
             raise ValueError(f"length_penalty_type={self.length_penalty_type!r} is not available with "
                              f"semantics={self.semantics!r} (choose from {list(allowed)})")
+
+    def _validate_groups(self) -> None:
+        """Diverse beam search: what transformers 4.x validated, and a negative penalty (4.x ignored it)."""
+        _check_int("num_beam_groups", self.num_beam_groups, minimum=1)
+        if isinstance(self.diversity_penalty, bool) or not isinstance(self.diversity_penalty, (int, float)):
+            raise ValueError(f"diversity_penalty must be a number, got {self.diversity_penalty!r}")
+        if not self.diversity_penalty >= 0:
+            raise ValueError(f"diversity_penalty must be >= 0, got {self.diversity_penalty!r}")
+        if self.num_beam_groups == 1:
+            if self.diversity_penalty > 0:
+                raise ValueError(f"diversity_penalty={self.diversity_penalty!r} needs num_beam_groups > 1 (diverse "
+                                 "beam search; with one group it would change nothing)")
+            return
+        prefix = f"num_beam_groups={self.num_beam_groups} (diverse beam search)"
+        if self.num_beams % self.num_beam_groups != 0:
+            raise ValueError(f"{prefix} needs num_beams divisible by num_beam_groups, got num_beams={self.num_beams}")
+        if self.do_sample:
+            raise ValueError(f"{prefix} cannot be combined with do_sample=True")
+        if self.diversity_penalty == 0:
+            raise ValueError(f"{prefix} needs diversity_penalty > 0 (otherwise all groups are identical)")
+        if self.semantics != "hf":
+            raise ValueError(f"{prefix} needs semantics='hf', got {self.semantics!r}")
 
     def _validate_warpers(self) -> None:
         if not self.temperature > 0:

@@ -372,7 +372,12 @@ def _options_from_config(
 
 
 def _fill_token(config: Any, options: SearchOptions) -> int:
-    """transformers' fill value: pad (or the first eos when pad is 0 or unset) for beams; -1 without eos."""
+    """transformers' fill value: pad (or the first eos when pad is 0 or unset) for beams; -1 without eos.
+
+    Diverse beam search fills as transformers 4.x did: with the pad token (the first eos when unset).
+    """
+    if options.num_beam_groups > 1:
+        return options.output_fill_token
     if options.num_beams > 1:
         if not options.eos_token_id:
             return -1
