@@ -352,3 +352,21 @@ def test_ensemble_with_another_vocabulary_is_refused(tmp_path, capsys):
     f = write(tmp_path, "in.txt", ["hello"])
     assert main(["decode", f, "--ensemble", str(folder)]) == 2
     assert "its tokenizer differs from the main model's" in capsys.readouterr().err
+
+
+def test_prefix_flag_forces_the_first_tokens(g2p, tmp_path, capsys):
+    from beamsearch.adapters.hf import search_model
+
+    model, tok = g2p
+    words = ["hello", "world", "phone"]
+    f = write(tmp_path, "in.txt", words)
+    assert main(["decode", f, "--prefix", "F", "--num-beams", "4", "--quiet"]) == 0
+    got = capsys.readouterr().out.splitlines()
+    prefix = tok("F", add_special_tokens=False)["input_ids"]
+    enc = tok(words, return_tensors="pt", padding=True)
+    result = search_model(model, **enc, num_beams=4, target_prefix=[prefix] * len(words))
+    want = [tok.decode(result.sequences[i, 0, : int(result.lengths[i, 0])], skip_special_tokens=True).strip()
+            for i in range(len(words))]
+    assert got == want and all(line.split()[0] == "F" for line in got)
+    assert main(["decode", f, "--prefix", " "]) == 2
+    assert "no tokens" in capsys.readouterr().err

@@ -55,6 +55,10 @@ def _save_tokenizer(directory) -> None:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The Hugging Face model and its CTranslate2 conversion (a ``Translator`` on one CPU thread)."""
+    return build_models(tmp_path_factory)
+
+
+def build_models(tmp_path_factory):
     model = _bart()
     hf_dir, ct2_dir = tmp_path_factory.mktemp("bart_hf"), tmp_path_factory.mktemp("bart_ct2")
     model.save_pretrained(hf_dir)

@@ -32,6 +32,7 @@ def search(
     options: SearchOptions | None = None,
     fill_token_id: int | None = None,
     prefix_allowed_tokens_fn: Any = None,
+    target_prefix: Sequence[Sequence[int]] | None = None,
     **kwargs: Any,
 ) -> SearchResult:
     """Decode with any model through one step function.
@@ -56,6 +57,8 @@ def search(
         fill_token_id: the token that pads returned sequences (default: pad, else first eos, else 0).
         prefix_allowed_tokens_fn: ``(batch_id, tokens [t]) -> allowed token ids`` for the next position, as in
             ``generate`` (``batch_id`` is ``row // num_beams``); everything else is masked.
+        target_prefix: per example, token ids its output must start with (after the start tokens; ``[]``: none),
+            as CTranslate2's ``target_prefix``: forced one by one, then the search goes on freely.
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
             ``eos_token_id``, ``do_sample``, ``temperature``, ...). Unknown ones raise ValueError.
 
@@ -78,9 +81,17 @@ def search(
         if source_lengths.shape != (batch_size,):
             raise ValueError(f"source_lengths must have shape [B={batch_size}], got {tuple(source_lengths.shape)}")
         row_source_lengths = source_lengths.repeat_interleave(rows)
+    row_prefixes = None
+    if target_prefix is not None:
+        if len(target_prefix) != batch_size or any(isinstance(p, (str, int)) for p in target_prefix):
+            raise ValueError(f"target_prefix must hold one list of token ids per example ({batch_size})")
+        if options.semantics == "ct2" and options.num_beams > 1:
+            raise ValueError("target_prefix with semantics='ct2' and num_beams > 1 is not supported: CTranslate2's "
+                             "beam search after a prefix is not reproduced yet (greedy is)")
+        row_prefixes = [list(p) for p in target_prefix for _ in range(rows)]
     processors = build_processors(
         options, prompt_length, padding_lengths, list(logits_processor), source_lengths=row_source_lengths,
-        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, target_prefix=row_prefixes,
     )
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
     trace = StepTrace(options.output_scores, options.output_logits)

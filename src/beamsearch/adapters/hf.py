@@ -173,6 +173,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         raise ValueError("beamsearch never enables trust_remote_code")
     tokenizer = kwargs.pop("tokenizer", None)
     allowed_fn = kwargs.pop("prefix_allowed_tokens_fn", None)
+    target_prefix = kwargs.pop("target_prefix", None)
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
@@ -192,6 +193,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         options=options,
         fill_token_id=_fill_token(config, options),
         prefix_allowed_tokens_fn=allowed_fn,
+        target_prefix=target_prefix,
     )
     return result, config, options
 
@@ -227,6 +229,8 @@ def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stop
         if chunk.get("prefix_allowed_tokens_fn") is not None:  # batch ids of the whole batch, not of the chunk
             first = start * rows // beams  # batch_id is row // num_beams, as in transformers
             chunk["prefix_allowed_tokens_fn"] = _shift_batch_ids(kwargs["prefix_allowed_tokens_fn"], first)
+        if chunk.get("target_prefix") is not None:
+            chunk["target_prefix"] = kwargs["target_prefix"][start : start + step]
         outputs.append(_run(model, ids[start : start + step], generation_config, logits_processor,
                             stopping_criteria, chunk))
     _, config, options = outputs[-1]

@@ -51,6 +51,7 @@ def search_ensemble(
         if kwargs.get(name) is not None:
             raise ValueError(f"argument {name!r} is not supported with an ensemble")
     tokenizer = kwargs.pop("tokenizer", None)
+    target_prefix = kwargs.pop("target_prefix", None)
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     step = ensemble_step([hf_step] * len(models), mode, weights)  # checks mode and weights first
     setups = [_prepare(model, inputs, generation_config, dict(kwargs)) for model in models]
@@ -73,4 +74,5 @@ def search_ensemble(
         source_lengths=first["source_lengths"],
         options=options,
         fill_token_id=_fill_token(config, options),
+        target_prefix=target_prefix,
     )

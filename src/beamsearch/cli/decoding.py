@@ -135,6 +135,8 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
     padded = m.tokenizer.pad({"input_ids": [e.ids for e in batch]}, return_tensors="pt")
     device = m.model.device
     inputs = {"input_ids": padded["input_ids"].to(device), "attention_mask": padded["attention_mask"].to(device)}
+    if "target_prefix" in options:  # one prefix for every input
+        options = dict(options, target_prefix=[options["target_prefix"]] * len(batch))
     try:
         if m.ensemble:
             from ..adapters.hf_ensemble import search_ensemble

@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     dec.add_argument("--chunk-size", type=int, default=10000, help="lines read and sorted by length at a time")
     dec.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    dec.add_argument("--prefix", help="every output starts with these tokens (text, tokenized by the model's "
+                     "tokenizer), e.g. --prefix 'HH'")
 
     ev = sub.add_parser("eval", help="WER and PER, greedy against beam search, on a TSV of inputs and references")
     ev.add_argument("--data", help="TSV: input<TAB>reference<TAB>... (default: the shipped CMUdict test split)")
@@ -170,6 +172,11 @@ def run_decode(args: argparse.Namespace) -> int:
 
             torch.manual_seed(args.seed)
         options = generation_options(args)
+        if args.prefix is not None:
+            prefix = m.tokenizer(args.prefix, add_special_tokens=False)["input_ids"]
+            if not prefix:
+                raise CLIError(f"--prefix {args.prefix!r}: no tokens")
+            options["target_prefix"] = prefix  # decode_batch gives it to every input
         limit = input_limit(args, m.tokenizer)
         bar = progress(count_lines(args.files), args.quiet, initial=out.done)
         for chunk, error in chunks(read_lines(args.files), args.chunk_size):

@@ -24,6 +24,7 @@ from .masks import (
 from .ngrams import NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor
 from .numerics import InfNanRemoveLogitsProcessor, LogitNormalization
 from .penalties import RepetitionPenaltyLogitsProcessor
+from .prefix import TargetPrefixLogitsProcessor
 from .warpers import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -71,6 +72,7 @@ def build_processors(
     user_processors: Iterable[Processor] = (),
     source_lengths: torch.Tensor | None = None,
     prefix_allowed_tokens_fn: AllowedTokensFn | None = None,
+    target_prefix: list[list[int]] | None = None,
 ) -> ProcessorList:
     """The processors of a search, in the order of Hugging Face ``_get_logits_processor``.
 
@@ -86,6 +88,7 @@ def build_processors(
         user_processors: extra processors ``(input_ids [N, t], scores [N, V]) -> scores [N, V]``.
         source_lengths: LongTensor ``[N]`` of each row's source length (for ``max_len_a`` / ``max_len_b``).
         prefix_allowed_tokens_fn: ``(batch_id, tokens [t]) -> allowed token ids``, as in ``generate``.
+        target_prefix: the forced first generated tokens of each row (after every other built-in processor).
 
     Returns:
         A :class:`ProcessorList`.
@@ -126,6 +129,9 @@ def build_processors(
             raise ValueError("max_len_a / max_len_b need the source lengths (search(..., source_lengths=))")
         a, b = options.max_len_a, options.max_len_b or 0
         defaults.append(SourceTiedMaxLength(a, b, source_lengths, prompt_length, eos[0]))
+
+    if target_prefix is not None:
+        defaults.append(TargetPrefixLogitsProcessor(target_prefix, prompt_length))
 
     processors = ProcessorList(merge_user_items(defaults, list(user_processors)))
     if options.do_sample:
