@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+import beamsearch
+
 pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
@@ -370,3 +372,15 @@ def test_prefix_flag_forces_the_first_tokens(g2p, tmp_path, capsys):
     assert got == want and all(line.split()[0] == "F" for line in got)
     assert main(["decode", f, "--prefix", " "]) == 2
     assert "no tokens" in capsys.readouterr().err
+
+
+def test_diverse_beam_search_flags(g2p, tmp_path, capsys):
+    model, tok = g2p
+    f = write(tmp_path, "in.txt", ["either"])
+    argv = ["decode", f, "--num-beams", "6", "--num-beam-groups", "3", "--diversity-penalty", "2.0",
+            "--num-return-sequences", "3", "--format", "tsv"]
+    assert main(argv) == 0
+    got = [line.split("\t")[-1] for line in capsys.readouterr().out.splitlines()]
+    out = beamsearch.generate(model, **tok(["either"], return_tensors="pt"), num_beams=6, num_beam_groups=3,
+                              diversity_penalty=2.0, num_return_sequences=3)
+    assert got == [t.strip() for t in tok.batch_decode(out, skip_special_tokens=True)]

@@ -64,7 +64,7 @@ def test_user_processor_and_criterion_are_used_like_transformers():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    ({"prefix_allowed_tokens_fn": lambda batch, ids: [3]}, "prefix_allowed_tokens_fn"),
+    ({"assistant_model": object()}, "assistant_model"),
     ({"num_beams": 2, "force_words_ids": [[5]]}, "force_words_ids"),
     ({"penalty_alpha": 0.6, "top_k": 4}, "penalty_alpha"),
     ({"sequence_bias": {(4,): 1.0}}, "sequence_bias"),

@@ -29,6 +29,8 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--typical-p": ("typical_p", float, "locally typical sampling mass"),
     "--repetition-penalty": ("repetition_penalty", float, "CTRL repetition penalty"),
     "--no-repeat-ngram-size": ("no_repeat_ngram_size", int, "forbid repeating n-grams of this size"),
+    "--num-beam-groups": ("num_beam_groups", int, "diverse beam search: groups of beams (divides --num-beams)"),
+    "--diversity-penalty": ("diversity_penalty", float, "diverse beam search: Hamming diversity penalty"),
     "--semantics": ("semantics", str, "whose beam search: hf (default), onmt, t2t, ct2"),
     "--length-penalty-type": ("length_penalty_type", str, "hf, wu (gnmt), avg or none (default: the preset's)"),
     "--coverage-penalty": ("coverage_penalty", str, "none, wu or summary (OpenNMT semantics)"),
