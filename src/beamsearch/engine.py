@@ -11,6 +11,7 @@ from .compaction import removal_is_exact
 from .loop import StepFn, decode
 from .options import SearchOptions
 from .processors import build_processors
+from .ranking import check_ranking
 from .results import SearchResult
 from .stopping import build_stopping_criteria
 from .strategies.base import StepTrace
@@ -33,6 +34,8 @@ def search(
     fill_token_id: int | None = None,
     prefix_allowed_tokens_fn: Any = None,
     target_prefix: Sequence[Sequence[int]] | None = None,
+    sequence_scorer: Any = None,
+    unique: Any = None,
     **kwargs: Any,
 ) -> SearchResult:
     """Decode with any model through one step function.
@@ -59,6 +62,10 @@ def search(
             ``generate`` (``batch_id`` is ``row // num_beams``); everything else is masked.
         target_prefix: per example, token ids its output must start with (after the start tokens; ``[]``: none),
             as CTranslate2's ``target_prefix``: forced one by one, then the search goes on freely.
+        sequence_scorer: beam search only: ``(tokens [M, g], token_log_probs [M, g], lengths [M]) -> scores [M]``,
+            the score that ranks finished hypotheses (instead of ``sum / length ** length_penalty``).
+        unique: beam search only: True, or a key function of a hypothesis' generated token list; the finished
+            pool then holds at most one hypothesis per key (the best), while it fills.
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
             ``eos_token_id``, ``do_sample``, ``temperature``, ...). Unknown ones raise ValueError.
 
@@ -98,8 +105,13 @@ def search(
     fill = options.output_fill_token if fill_token_id is None else fill_token_id
     # finished examples leave the batch when that cannot change a result (sampling would draw differently,
     # and per-step scores would miss rows)
+    unique_key = check_ranking(sequence_scorer, unique)
+    if (sequence_scorer is not None or unique_key is not None) and (
+            options.num_beams == 1 or options.semantics != "hf" or options.num_beam_groups > 1):
+        raise ValueError("sequence_scorer and unique need beam search (num_beams > 1) with semantics='hf' and "
+                         "no beam groups")
     removal = (options.remove_finished and not options.do_sample and not options.output_scores
-               and not options.output_logits and removal_is_exact(processors, criteria))
+               and not options.output_logits and removal_is_exact(processors, criteria) and unique_key is None)
     common = dict(
         do_sample=options.do_sample,
         eos_token_id=options.eos_token_id,
@@ -122,7 +134,8 @@ def search(
         strategy = BeamSearch(
             input_ids, options.num_beams, max_length, processors, criteria,
             fill_token_id=fill, early_stopping=options.early_stopping,
-            num_return_sequences=options.num_return_sequences, remove_finished=removal, **common,
+            num_return_sequences=options.num_return_sequences, remove_finished=removal,
+            sequence_scorer=sequence_scorer, unique_key=unique_key, **common,
         )
     else:
         strategy = SamplingSearch(

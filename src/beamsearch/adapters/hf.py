@@ -174,6 +174,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     tokenizer = kwargs.pop("tokenizer", None)
     allowed_fn = kwargs.pop("prefix_allowed_tokens_fn", None)
     target_prefix = kwargs.pop("target_prefix", None)
+    ranking = {name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs}
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
@@ -194,6 +195,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         fill_token_id=_fill_token(config, options),
         prefix_allowed_tokens_fn=allowed_fn,
         target_prefix=target_prefix,
+        **ranking,
     )
     return result, config, options
 

@@ -17,6 +17,7 @@ import torch
 
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
 from ..compaction import ActiveExamples
+from ..ranking import PoolKeys, SequenceScorer, UniqueKey, score_candidates
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
@@ -47,6 +48,8 @@ class BeamSearch:
         num_return_sequences: int,
         trace: StepTrace,
         remove_finished: bool = False,
+        sequence_scorer: SequenceScorer | None = None,
+        unique_key: UniqueKey | None = None,
     ):
         b, t0 = input_ids.shape
         k = num_beams
@@ -77,6 +80,8 @@ class BeamSearch:
         self.top_k_mask = torch.arange(self.num_candidates, device=device) < k  # [C]
         self._done = max_length <= t0
         self.example_ids = torch.arange(b, device=device)  # [B'] original position of each active example
+        self.scorer = sequence_scorer  # ranks finished hypotheses instead of sum / length ** length_penalty
+        self.pool_keys = None if unique_key is None else PoolKeys(unique_key, t0)  # a de-duplicated pool
         # finished examples leave the batch (only when that is exact: see compaction.removal_is_exact)
         self.active = ActiveExamples(b, device, _PER_EXAMPLE, _RESULTS) if remove_finished else None
 
@@ -151,11 +156,20 @@ class BeamSearch:
     def _update_finished(self, scores, sequences, beam_indices, token_log_probs) -> None:
         """Merge candidates that just stopped (among the first K) into the finished pool."""
         just_finished = self.hits & self.top_k_mask[None, :]  # [B, C]
-        penalised = scores / ((self.length + 1 - self.prompt_length) ** self.length_penalty)
+        generated = self.length + 1 - self.prompt_length
+        if self.scorer is None:
+            penalised = scores / (generated**self.length_penalty)
+        else:
+            hooked = score_candidates(self.scorer, sequences, token_log_probs, self.prompt_length, generated)
+            penalised = torch.where(scores > MASK / 2, hooked, scores)  # masked beams' candidates stay masked
         pool_full = torch.all(self.is_finished, dim=-1, keepdim=True) & (self.early_stopping is True)
         penalised += pool_full.to(torch.float32) * MASK
         penalised += (~self.can_improve).to(torch.float32) * MASK
         penalised += (~just_finished) * MASK
+        if self.pool_keys is not None:
+            lengths = self.prompt_length + (self.beam_indices >= 0).sum(dim=-1)  # [B, K]
+            self.pool_keys.dedupe(penalised, just_finished, sequences, self.length + 1, self.scores, self.is_finished,
+                                  self.sequences, lengths, drop=2 * MASK)
         reasons = classify_stop(flatten_beams(sequences[:, :, : self.length + 1]), flatten_beams(just_finished),
                                 self.eos_token_id, self.max_length).reshape(just_finished.shape)
         merged_scores = torch.cat((self.scores, penalised), dim=1)  # [B, K + C]
@@ -168,7 +182,12 @@ class BeamSearch:
         self.finish_reason = gather_beams(torch.cat((self.finish_reason, reasons), dim=1), keep)
 
     def _update_can_improve(self) -> None:
-        """Whether the best live beam could still beat the worst finished one (HF's heuristic)."""
+        """Whether the best live beam could still beat the worst finished one (HF's heuristic).
+
+        With a sequence scorer nothing is known about future scores: only a full pool under
+        ``early_stopping=True``, the length limit or every beam finishing ends the search."""
+        if self.scorer is not None:
+            return
         if self.early_stopping == "never" and self.length_penalty > 0.0:
             best_length = self.max_length - self.prompt_length
         else:
