@@ -384,3 +384,22 @@ def test_diverse_beam_search_flags(g2p, tmp_path, capsys):
     out = beamsearch.generate(model, **tok(["either"], return_tensors="pt"), num_beams=6, num_beam_groups=3,
                               diversity_penalty=2.0, num_return_sequences=3)
     assert got == [t.strip() for t in tok.batch_decode(out, skip_special_tokens=True)]
+
+
+def test_alignments_in_jsonl(g2p, tmp_path, capsys):
+    import json
+
+    from beamsearch.adapters.hf import search_model
+
+    model, tok = g2p
+    f = write(tmp_path, "in.txt", ["hello", "alignment"])
+    assert main(["decode", f, "--alignments", "--format", "jsonl", "--num-beams", "3", "--quiet"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    eager = AutoModelForSeq2SeqLM.from_pretrained(EMBEDDED_MODEL, attn_implementation="eager").eval()
+    for record, word in zip(records, ["hello", "alignment"], strict=True):
+        r = search_model(eager, **tok([word], return_tensors="pt"), num_beams=3, output_alignments=True)
+        got = torch.tensor(record["hypotheses"][0]["alignment"])
+        torch.testing.assert_close(got, r.alignments[0, 0, : got.shape[0]], rtol=0, atol=1e-6)
+        assert got.shape == (len(record["hypotheses"][0]["tokens"]), len(word) + 1)  # characters and </s>
+    assert main(["decode", f, "--alignments"]) == 2
+    assert "--alignments needs --format jsonl" in capsys.readouterr().err

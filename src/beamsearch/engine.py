@@ -36,6 +36,7 @@ def search(
     target_prefix: Sequence[Sequence[int]] | None = None,
     sequence_scorer: Any = None,
     unique: Any = None,
+    output_alignments: bool = False,
     **kwargs: Any,
 ) -> SearchResult:
     """Decode with any model through one step function.
@@ -66,6 +67,8 @@ def search(
             the score that ranks finished hypotheses (instead of ``sum / length ** length_penalty``).
         unique: beam search only: True, or a key function of a hypothesis' generated token list; the finished
             pool then holds at most one hypothesis per key (the best), while it fills.
+        output_alignments: keep, for each generated token, the attention over the source of the step that chose
+            it (``result.alignments [B, n, T', S]``); the step must return ``(logits, state, attention [N, S])``.
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
             ``eos_token_id``, ``do_sample``, ``temperature``, ...). Unknown ones raise ValueError.
 
@@ -106,6 +109,8 @@ def search(
     # finished examples leave the batch when that cannot change a result (sampling would draw differently,
     # and per-step scores would miss rows)
     unique_key = check_ranking(sequence_scorer, unique)
+    if output_alignments and options.num_beams > 1 and (options.semantics != "hf" or options.num_beam_groups > 1):
+        raise ValueError("output_alignments needs semantics='hf' and no beam groups")
     if (sequence_scorer is not None or unique_key is not None) and (
             options.num_beams == 1 or options.semantics != "hf" or options.num_beam_groups > 1):
         raise ValueError("sequence_scorer and unique need beam search (num_beams > 1) with semantics='hf' and "
@@ -135,11 +140,12 @@ def search(
             input_ids, options.num_beams, max_length, processors, criteria,
             fill_token_id=fill, early_stopping=options.early_stopping,
             num_return_sequences=options.num_return_sequences, remove_finished=removal,
-            sequence_scorer=sequence_scorer, unique_key=unique_key, **common,
+            sequence_scorer=sequence_scorer, unique_key=unique_key, output_alignments=output_alignments, **common,
         )
     else:
         strategy = SamplingSearch(
-            input_ids, rows, max_length, processors, criteria, pad_token_id=fill, remove_finished=removal, **common
+            input_ids, rows, max_length, processors, criteria, pad_token_id=fill, remove_finished=removal,
+            output_alignments=output_alignments, **common,
         )
     return decode(step, state, strategy, batch_size)
 

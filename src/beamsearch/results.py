@@ -39,6 +39,9 @@ class SearchResult:
         logits: per step, the raw logits ``[N, V]`` (only with ``output_logits``).
         beam_indices: LongTensor ``[B, n, T']`` of the flat row each token was chosen from (beam
             search only), -1 after the end.
+        alignments: FloatTensor ``[B, n, T', S]`` (only with ``output_alignments``): for each generated token,
+            the attention over the S source positions of the step that chose it, along the hypothesis' own beam
+            history; 0 after the end.
     """
 
     sequences: torch.Tensor
@@ -51,6 +54,7 @@ class SearchResult:
     scores: tuple[torch.Tensor, ...] | None = None
     logits: tuple[torch.Tensor, ...] | None = None
     beam_indices: torch.Tensor | None = None
+    alignments: torch.Tensor | None = None
 
     @property
     def best(self) -> torch.Tensor:
@@ -76,6 +80,8 @@ class SearchResult:
                     "token_log_probs": self.token_log_probs[b, j, : len(generated)].tolist(),
                     "finish_reason": FinishReason(int(self.finish_reason[b, j])).name.lower(),
                 }
+                if self.alignments is not None:  # per generated token, its attention over the source
+                    hyp["alignment"] = self.alignments[b, j, : len(generated)].tolist()
                 if decode is not None:
                     hyp["text"] = decode(generated)
                 hyps.append(hyp)
@@ -105,6 +111,12 @@ def concatenate(results: list[SearchResult], fill_token_id: int, rows_per_exampl
             shifted.append(pad(torch.where(r.beam_indices >= 0, r.beam_indices + offset, -1), generated, -1))
             offset += r.sequences.shape[0] * rows_per_example
         beam_indices = torch.cat(shifted)
+    alignments = None
+    if results[0].alignments is not None:  # [b, n, T', S]: pad the generated and the source positions
+        source = max(r.alignments.shape[-1] for r in results)
+        alignments = torch.cat([torch.nn.functional.pad(
+            r.alignments, (0, source - r.alignments.shape[-1], 0, generated - r.alignments.shape[-2]))
+            for r in results])
     return SearchResult(
         sequences=torch.cat([pad(r.sequences, width, fill_token_id) for r in results]),
         sequences_scores=torch.cat([r.sequences_scores for r in results]),
@@ -114,4 +126,5 @@ def concatenate(results: list[SearchResult], fill_token_id: int, rows_per_exampl
         finish_reason=torch.cat([r.finish_reason for r in results]),
         prompt_length=results[0].prompt_length,
         beam_indices=beam_indices,
+        alignments=alignments,
     )

@@ -175,12 +175,13 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     allowed_fn = kwargs.pop("prefix_allowed_tokens_fn", None)
     target_prefix = kwargs.pop("target_prefix", None)
     ranking = {name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs}
+    output_alignments = bool(kwargs.pop("output_alignments", False))
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
     options = _options_from_config(config, toolkit, setup["has_default_max_length"])
     state = HFState(model, setup["model_kwargs"], config)
-    if options.coverage_penalty != "none":
+    if options.coverage_penalty != "none" or output_alignments:
         _request_cross_attention(model, state)
     result = search(
         hf_step,
@@ -196,6 +197,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         prefix_allowed_tokens_fn=allowed_fn,
         target_prefix=target_prefix,
         **ranking,
+        output_alignments=output_alignments,
     )
     return result, config, options
 
@@ -327,13 +329,15 @@ def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, 
 
 
 def _request_cross_attention(model: Any, state: HFState) -> None:
-    """Coverage penalties need the decoder's attention over the source at every step."""
+    """Coverage penalties and alignments need the decoder's attention over the source at every step."""
     if not model.config.is_encoder_decoder:
-        raise ValueError("coverage_penalty needs an encoder-decoder model (attention over a source)")
+        raise ValueError("coverage_penalty / output_alignments need an encoder-decoder model (attention over a "
+                         "source)")
     implementation = getattr(model.config, "_attn_implementation", "eager")
     if implementation != "eager":
         raise ValueError(
-            f"coverage_penalty needs attention weights, which {implementation!r} attention does not return: "
+            f"coverage_penalty / output_alignments need attention weights, which {implementation!r} attention "
+            "does not return: "
             "load the model with attn_implementation='eager'"
         )
     state.model_kwargs["output_attentions"] = True

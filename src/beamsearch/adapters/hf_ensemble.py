@@ -16,7 +16,15 @@ from ..engine import search
 from ..ensemble import ensemble_step
 from ..options import TOOLKIT_OPTIONS
 from ..results import SearchResult
-from .hf import _REJECTED_ARGUMENTS, HFState, _fill_token, _options_from_config, _prepare, hf_step
+from .hf import (
+    _REJECTED_ARGUMENTS,
+    HFState,
+    _fill_token,
+    _options_from_config,
+    _prepare,
+    _request_cross_attention,
+    hf_step,
+)
 
 
 @torch.no_grad()
@@ -52,6 +60,7 @@ def search_ensemble(
             raise ValueError(f"argument {name!r} is not supported with an ensemble")
     tokenizer = kwargs.pop("tokenizer", None)
     target_prefix = kwargs.pop("target_prefix", None)
+    output_alignments = bool(kwargs.pop("output_alignments", False))  # the models' attention, averaged
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     step = ensemble_step([hf_step] * len(models), mode, weights)  # checks mode and weights first
     setups = [_prepare(model, inputs, generation_config, dict(kwargs)) for model in models]
@@ -65,6 +74,9 @@ def search_ensemble(
     if options.coverage_penalty != "none":
         raise ValueError("coverage penalties are not supported with an ensemble")
     states = tuple(HFState(m, s["model_kwargs"], s["generation_config"]) for m, s in zip(models, setups, strict=True))
+    if output_alignments:
+        for model, state in zip(models, states, strict=True):
+            _request_cross_attention(model, state)
     return search(
         step,
         first["input_ids"],
@@ -75,4 +87,5 @@ def search_ensemble(
         options=options,
         fill_token_id=_fill_token(config, options),
         target_prefix=target_prefix,
+        output_alignments=output_alignments,
     )

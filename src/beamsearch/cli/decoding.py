@@ -150,7 +150,12 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
     def text(ids: list[int]) -> str:
         return m.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
-    return result.to_dicts(decode=text)
+    records = result.to_dicts(decode=text)
+    for encoded, hyps in zip(batch, records, strict=True):  # alignments over the input's own tokens, no padding
+        for hyp in hyps:
+            if "alignment" in hyp:
+                hyp["alignment"] = [row[: len(encoded.ids)] for row in hyp["alignment"]]
+    return records
 
 
 def decode_lines(

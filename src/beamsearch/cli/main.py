@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     dec.add_argument("--chunk-size", type=int, default=10000, help="lines read and sorted by length at a time")
     dec.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    dec.add_argument("--alignments", action="store_true",
+                     help="jsonl: each token's attention over the source tokens (encoder-decoder models)")
     dec.add_argument("--prefix", help="every output starts with these tokens (text, tokenized by the model's "
                      "tokenizer), e.g. --prefix 'HH'")
 
@@ -166,7 +168,7 @@ def run_decode(args: argparse.Namespace) -> int:
     check_readable(args.files)
     out = Output(args.output, args.format, resume=args.resume, overwrite=args.overwrite)
     try:
-        eager = args.coverage_penalty not in (None, "none")
+        eager = args.coverage_penalty not in (None, "none") or args.alignments
         m = load_model(args.model, args.device, args.lowercase, eager_attention=eager, int8=args.int8)
         add_ensemble(m, args)
         if args.seed is not None:
@@ -174,6 +176,10 @@ def run_decode(args: argparse.Namespace) -> int:
 
             torch.manual_seed(args.seed)
         options = generation_options(args)
+        if args.alignments:
+            if args.format != "jsonl":
+                raise CLIError("--alignments needs --format jsonl (each hypothesis gets an 'alignment' field)")
+            options["output_alignments"] = True
         if args.prefix is not None:
             prefix = m.tokenizer(args.prefix, add_special_tokens=False)["input_ids"]
             if not prefix:

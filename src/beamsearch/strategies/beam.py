@@ -50,6 +50,7 @@ class BeamSearch:
         remove_finished: bool = False,
         sequence_scorer: SequenceScorer | None = None,
         unique_key: UniqueKey | None = None,
+        output_alignments: bool = False,
     ):
         b, t0 = input_ids.shape
         k = num_beams
@@ -83,7 +84,14 @@ class BeamSearch:
         self.scorer = sequence_scorer  # ranks finished hypotheses instead of sum / length ** length_penalty
         self.pool_keys = None if unique_key is None else PoolKeys(unique_key, t0)  # a de-duplicated pool
         # finished examples leave the batch (only when that is exact: see compaction.removal_is_exact)
-        self.active = ActiveExamples(b, device, _PER_EXAMPLE, _RESULTS) if remove_finished else None
+        # alignments: the step's attention over the source [N, S], kept per generated token along each beam
+        self.keep_alignments = output_alignments
+        self.running_alignments: torch.Tensor | None = None  # [B, K, G, S], allocated at the first step
+        self.alignments: torch.Tensor | None = None  # [B, K, G, S] finished pool
+        self._candidate_alignments: torch.Tensor | None = None  # [B, C, G, S] during a step
+        aligned = ("alignments", "running_alignments") if output_alignments else ()
+        results = _RESULTS + aligned[:1]
+        self.active = ActiveExamples(b, device, _PER_EXAMPLE + aligned, results) if remove_finished else None
 
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
@@ -94,6 +102,8 @@ class BeamSearch:
         log_probs = self.processors(self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
         self.trace.record(log_probs, logits)
         *candidates, parents = self._grow(unflatten_beams(log_probs, b))
+        if self.keep_alignments:
+            self._grow_alignments(attention, parents)
         self.hits = self.criteria(flatten_beams(candidates[1][:, :, : self.length + 1]), self.trace.scores)
         self.hits = self.hits.reshape(b, self.num_candidates)  # [B, C]
         self._update_finished(*candidates)
@@ -124,6 +134,20 @@ class BeamSearch:
         self.processors = self.processors.select_rows(kept_rows)
         return rows.index_select(0, kept_rows)
 
+    def _grow_alignments(self, attention: torch.Tensor | None, parents: torch.Tensor) -> None:
+        """Each candidate's alignments: its parent's, plus the parent row's attention at this step."""
+        if attention is None:
+            raise ValueError("output_alignments needs the step function to return (logits, state, attention [N, S])")
+        b, k = self.running_scores.shape
+        attention = attention.float().reshape(b, k, -1)  # [B, K, S]
+        if self.running_alignments is None:
+            g = self.running_beam_indices.shape[-1]
+            self.running_alignments = attention.new_zeros(b, k, g, attention.shape[-1])
+            self.alignments = self.running_alignments.clone()
+        candidates = gather_beams(self.running_alignments, parents)  # [B, C, G, S]
+        candidates[:, :, self.length - self.prompt_length] = gather_beams(attention, parents)
+        self._candidate_alignments = candidates
+
     def _grow(self, log_probs: torch.Tensor):
         """Top (or sampled) C continuations of each example. ``log_probs`` is ``[B, K, V]``."""
         b, k, vocab = log_probs.shape
@@ -151,6 +175,8 @@ class BeamSearch:
         self.running_scores = gather_beams(live_scores, keep)
         self.running_beam_indices = gather_beams(beam_indices, keep)
         self.running_token_log_probs = gather_beams(token_log_probs, keep)
+        if self.keep_alignments:
+            self.running_alignments = gather_beams(self._candidate_alignments, keep)
         return keep
 
     def _update_finished(self, scores, sequences, beam_indices, token_log_probs) -> None:
@@ -180,6 +206,8 @@ class BeamSearch:
         self.token_log_probs = gather_beams(torch.cat((self.token_log_probs, token_log_probs), dim=1), keep)
         self.is_finished = gather_beams(torch.cat((self.is_finished, just_finished), dim=1), keep)
         self.finish_reason = gather_beams(torch.cat((self.finish_reason, reasons), dim=1), keep)
+        if self.keep_alignments:
+            self.alignments = gather_beams(torch.cat((self.alignments, self._candidate_alignments), dim=1), keep)
 
     def _update_can_improve(self) -> None:
         """Whether the best live beam could still beat the worst finished one (HF's heuristic).
@@ -224,4 +252,5 @@ class BeamSearch:
             scores=scores,
             logits=logits,
             beam_indices=beam_indices[:, :, :width],
+            alignments=None if self.alignments is None else self.alignments[:, :n, :width],
         )

@@ -39,6 +39,7 @@ class SamplingSearch:
         length_penalty: float,
         trace: StepTrace,
         remove_finished: bool = False,
+        output_alignments: bool = False,
     ):
         batch_size, prompt_length = input_ids.shape
         rows = input_ids.repeat_interleave(rows_per_example, dim=0)  # [N, t0]
@@ -65,7 +66,10 @@ class SamplingSearch:
         self._done = max_length <= prompt_length
         # examples whose rows all finished leave the batch (greedy only: sampling would draw differently)
         removal = remove_finished and not do_sample
-        self.active = ActiveExamples(batch_size, device, _RESULTS, _RESULTS, rows_per_example) if removal else None
+        self.keep_alignments = output_alignments
+        self.alignments: torch.Tensor | None = None  # [N, L - t0, S], allocated at the first step
+        names = _RESULTS + (("alignments",) if output_alignments else ())
+        self.active = ActiveExamples(batch_size, device, names, names, rows_per_example) if removal else None
 
     def tokens(self) -> torch.Tensor:
         return self.sequences[:, : self.length]  # [N, t]
@@ -84,6 +88,8 @@ class SamplingSearch:
         log_probs = torch.log_softmax(scores, dim=-1).gather(1, next_tokens[:, None]).squeeze(1)  # [N]
         position = self.length - self.prompt_length
         self.token_log_probs[:, position] = torch.where(self.unfinished, log_probs, 0.0)
+        if self.keep_alignments:
+            self._record_alignments(attention, position)
         self.sequences[:, self.length] = next_tokens
         self.length += 1
         self.lengths += self.unfinished.long()
@@ -92,6 +98,14 @@ class SamplingSearch:
         self.finish_reason = torch.where(stopped & self.unfinished, reasons, self.finish_reason)
         self.unfinished = self.unfinished & ~stopped
         return None if self.active is None else self._remove_done()
+
+    def _record_alignments(self, attention: torch.Tensor | None, position: int) -> None:
+        if attention is None:
+            raise ValueError("output_alignments needs the step function to return (logits, state, attention [N, S])")
+        attention = attention.float()
+        if self.alignments is None:
+            self.alignments = attention.new_zeros(attention.shape[0], self.token_log_probs.shape[1], attention.shape[1])
+        self.alignments[:, position] = torch.where(self.unfinished[:, None], attention, 0.0)
 
     def _remove_done(self) -> torch.Tensor | None:
         """Drop the examples whose rows all finished (the step's one host sync); their rows' results are final."""
@@ -128,4 +142,6 @@ class SamplingSearch:
             prompt_length=self.prompt_length,
             scores=scores,
             logits=logits,
+            alignments=None if self.alignments is None else unflatten_beams(
+                self.alignments[:, : self.length - self.prompt_length], b),
         )
