@@ -73,3 +73,36 @@ def test_plain_step_function_alignments_and_errors():
     with pytest.raises(ValueError, match="need an encoder-decoder model"):
         model = tiny_model("gpt2")
         search_model(model, input_ids=torch.tensor([[3, 4]]), max_new_tokens=2, output_alignments=True)
+
+
+def test_replace_unk_takes_the_most_attended_source_token():
+    from beamsearch.alignment import replace_unk
+
+    alignment = torch.tensor([[0.1, 0.7, 0.2, 0.0], [0.5, 0.1, 0.4, 0.0], [0.0, 0.0, 0.1, 0.9]])
+    got = replace_unk(["<unk>", "b", "<unk>"], alignment, ["x", "y", "z"], "<unk>")
+    assert got == ["y", "b", "z"]  # the last step attends to padding (position 3) most: ignored
+    with pytest.raises(ValueError, match="alignment must be"):
+        replace_unk(["a", "b"], alignment[:1], ["x"], "<unk>")
+
+
+def test_cli_replace_unk(tmp_path, capsys):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from beamsearch.cli.decoding import EMBEDDED_MODEL
+    from beamsearch.cli.main import main
+
+    words = ["hello", "world", "zebra"]
+    (tmp_path / "in.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    argv = ["decode", str(tmp_path / "in.txt"), "--prefix", "<unk>", "--num-beams", "3", "--quiet"]
+    assert main([*argv, "--replace-unk"]) == 0
+    replaced = capsys.readouterr().out.splitlines()
+    assert main(argv) == 0
+    plain = capsys.readouterr().out.splitlines()  # the forced unknown token is dropped as a special token
+    model = AutoModelForSeq2SeqLM.from_pretrained(EMBEDDED_MODEL, attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+    for word, got, rest in zip(words, replaced, plain, strict=True):
+        enc = tok([word], return_tensors="pt")
+        r = search_model(model, **enc, num_beams=3, target_prefix=[[tok.unk_token_id]], output_alignments=True)
+        source = tok.convert_ids_to_tokens(enc["input_ids"][0].tolist())
+        first = source[int(r.alignments[0, 0, 0, : len(source)].argmax())]
+        assert got == f"{first} {rest}"

@@ -26,6 +26,8 @@ class Model:
     warnings: list[str] = field(default_factory=list)
     ensemble: list[Any] = field(default_factory=list)  # --ensemble: more models decoded with this one
     ensemble_mode: str = "log"
+    replace_unk: bool = False  # --replace-unk: unknown output tokens become the source token they attend to
+    keep_alignments: bool = False  # --alignments: keep them in the records
 
 
 def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False,
@@ -155,7 +157,23 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
         for hyp in hyps:
             if "alignment" in hyp:
                 hyp["alignment"] = [row[: len(encoded.ids)] for row in hyp["alignment"]]
+            if m.replace_unk:
+                hyp["text"] = unk_replaced_text(m.tokenizer, hyp, encoded.ids)
+                if not m.keep_alignments:
+                    del hyp["alignment"]
     return records
+
+
+def unk_replaced_text(tokenizer: Any, hyp: dict[str, Any], source_ids: list[int]) -> str:
+    """The hypothesis' text with each unknown token replaced by the source token it attends to most."""
+    from ..alignment import replace_unk
+
+    tokens = tokenizer.convert_ids_to_tokens(hyp["tokens"])
+    replaced = replace_unk(tokens, hyp["alignment"], tokenizer.convert_ids_to_tokens(source_ids),
+                           tokenizer.unk_token)
+    special = set(tokenizer.all_special_tokens)
+    kept = [new for old, new in zip(tokens, replaced, strict=True) if old == tokenizer.unk_token or new not in special]
+    return tokenizer.convert_tokens_to_string(kept).strip()
 
 
 def decode_lines(

@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     dec.add_argument("--alignments", action="store_true",
                      help="jsonl: each token's attention over the source tokens (encoder-decoder models)")
+    dec.add_argument("--replace-unk", action="store_true",
+                     help="replace unknown output tokens by the source token they attend to most (OpenNMT)")
     dec.add_argument("--prefix", help="every output starts with these tokens (text, tokenized by the model's "
                      "tokenizer), e.g. --prefix 'HH'")
 
@@ -168,7 +170,7 @@ def run_decode(args: argparse.Namespace) -> int:
     check_readable(args.files)
     out = Output(args.output, args.format, resume=args.resume, overwrite=args.overwrite)
     try:
-        eager = args.coverage_penalty not in (None, "none") or args.alignments
+        eager = args.coverage_penalty not in (None, "none") or args.alignments or args.replace_unk
         m = load_model(args.model, args.device, args.lowercase, eager_attention=eager, int8=args.int8)
         add_ensemble(m, args)
         if args.seed is not None:
@@ -180,6 +182,11 @@ def run_decode(args: argparse.Namespace) -> int:
             if args.format != "jsonl":
                 raise CLIError("--alignments needs --format jsonl (each hypothesis gets an 'alignment' field)")
             options["output_alignments"] = True
+        if args.replace_unk:
+            if m.tokenizer.unk_token is None:
+                raise CLIError("--replace-unk: the model's tokenizer has no unknown token")
+            options["output_alignments"] = True
+        m.replace_unk, m.keep_alignments = args.replace_unk, args.alignments
         if args.prefix is not None:
             prefix = m.tokenizer(args.prefix, add_special_tokens=False)["input_ids"]
             if not prefix:
