@@ -19,6 +19,7 @@ from .ngrams import NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor
 from .numerics import InfNanRemoveLogitsProcessor, LogitNormalization
 from .penalties import RepetitionPenaltyLogitsProcessor
 from .pipeline import ProcessorList, build_processors
+from .siblings import SiblingDiversityLogitsProcessor
 from .warpers import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -45,6 +46,7 @@ __all__ = [
     "NoRepeatNGramLogitsProcessor",
     "ProcessorList",
     "RepetitionPenaltyLogitsProcessor",
+    "SiblingDiversityLogitsProcessor",
     "SuppressTokensAtBeginLogitsProcessor",
     "SuppressTokensLogitsProcessor",
     "TemperatureLogitsWarper",
