@@ -403,3 +403,20 @@ def test_alignments_in_jsonl(g2p, tmp_path, capsys):
         assert got.shape == (len(record["hypotheses"][0]["tokens"]), len(word) + 1)  # characters and </s>
     assert main(["decode", f, "--alignments"]) == 2
     assert "--alignments needs --format jsonl" in capsys.readouterr().err
+
+
+def test_constraint_flag(g2p, tmp_path, capsys):
+    from beamsearch.adapters.hf import search_model
+
+    model, tok = g2p
+    words = ["tomato", "route"]
+    f = write(tmp_path, "in.txt", words)
+    assert main(["decode", f, "--num-beams", "5", "--constraint", "AH0|UW1", "--quiet"]) == 0
+    got = capsys.readouterr().out.splitlines()
+    ah, uw = tok.convert_tokens_to_ids("AH0"), tok.convert_tokens_to_ids("UW1")
+    enc = tok(words, return_tensors="pt", padding=True)
+    r = search_model(model, **enc, num_beams=5, force_words_ids=[[[ah], [uw]]])
+    want = [tok.decode(r.sequences[i, 0, : int(r.lengths[i, 0])], skip_special_tokens=True).strip() for i in range(2)]
+    assert got == want and all("AH0" in g.split() or "UW1" in g.split() for g in got)
+    assert main(["decode", f, "--constraint", "AH0| "]) == 2
+    assert "has no tokens" in capsys.readouterr().err

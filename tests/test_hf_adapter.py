@@ -65,7 +65,7 @@ def test_user_processor_and_criterion_are_used_like_transformers():
 
 @pytest.mark.parametrize("kwargs, name", [
     ({"assistant_model": object()}, "assistant_model"),
-    ({"num_beams": 2, "force_words_ids": [[5]]}, "force_words_ids"),
+    ({"num_beams": 2, "constraints": [object()]}, "constraints"),
     ({"penalty_alpha": 0.6, "top_k": 4}, "penalty_alpha"),
     ({"sequence_bias": {(4,): 1.0}}, "sequence_bias"),
     ({"trust_remote_code": True}, "trust_remote_code"),

@@ -16,6 +16,7 @@ from .results import SearchResult
 from .stopping import build_stopping_criteria
 from .strategies.base import StepTrace
 from .strategies.beam import BeamSearch
+from .strategies.constrained import ConstrainedBeamSearch, parse_constraints
 from .strategies.group import GroupBeamSearch
 from .strategies.sampling import SamplingSearch
 
@@ -37,6 +38,7 @@ def search(
     sequence_scorer: Any = None,
     unique: Any = None,
     output_alignments: bool = False,
+    force_words_ids: Any = None,
     **kwargs: Any,
 ) -> SearchResult:
     """Decode with any model through one step function.
@@ -67,6 +69,9 @@ def search(
             the score that ranks finished hypotheses (instead of ``sum / length ** length_penalty``).
         unique: beam search only: True, or a key function of a hypothesis' generated token list; the finished
             pool then holds at most one hypothesis per key (the best), while it fills.
+        force_words_ids: beam search only: words or phrases that must appear in the output, each a list of
+            token ids, or a list of alternative phrases (disjunctive), as transformers 4.x; decoded with dynamic
+            beam allocation (``strategies/constrained.py``).
         output_alignments: keep, for each generated token, the attention over the source of the step that chose
             it (``result.alignments [B, n, T', S]``); the step must return ``(logits, state, attention [N, S])``.
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
@@ -115,7 +120,13 @@ def search(
             options.num_beams == 1 or options.semantics != "hf" or options.num_beam_groups > 1):
         raise ValueError("sequence_scorer and unique need beam search (num_beams > 1) with semantics='hf' and "
                          "no beam groups")
-    removal = (options.remove_finished and not options.do_sample and not options.output_scores
+    constraints = None
+    if force_words_ids is not None:
+        constraints = parse_constraints(force_words_ids)
+        if options.num_beams == 1 or options.do_sample or options.semantics != "hf" or options.num_beam_groups > 1:
+            raise ValueError("force_words_ids needs beam search (num_beams > 1, do_sample=False) with "
+                             "semantics='hf' and no beam groups")
+    removal = constraints is None and (options.remove_finished and not options.do_sample and not options.output_scores
                and not options.output_logits and removal_is_exact(processors, criteria) and unique_key is None)
     common = dict(
         do_sample=options.do_sample,
@@ -134,6 +145,13 @@ def search(
             criteria, eos_token_id=options.eos_token_id, pad_token_id=options.output_fill_token, fill_token_id=fill,
             length_penalty=options.length_penalty, early_stopping=options.early_stopping,
             num_return_sequences=options.num_return_sequences, trace=trace,
+        )
+    elif constraints is not None:
+        strategy = ConstrainedBeamSearch(
+            input_ids, options.num_beams, max_length, processors, criteria, constraints=constraints,
+            fill_token_id=fill, early_stopping=options.early_stopping,
+            num_return_sequences=options.num_return_sequences, sequence_scorer=sequence_scorer,
+            unique_key=unique_key, output_alignments=output_alignments, **common,
         )
     elif options.num_beams > 1:
         strategy = BeamSearch(

@@ -42,6 +42,8 @@ class SearchResult:
         alignments: FloatTensor ``[B, n, T', S]`` (only with ``output_alignments``): for each generated token,
             the attention over the S source positions of the step that chose it, along the hypothesis' own beam
             history; 0 after the end.
+        unmet_constraints: LongTensor ``[B, n]`` (only with ``force_words_ids``): how many constraints each
+            hypothesis misses (0 unless it reached the length limit first).
     """
 
     sequences: torch.Tensor
@@ -55,6 +57,7 @@ class SearchResult:
     logits: tuple[torch.Tensor, ...] | None = None
     beam_indices: torch.Tensor | None = None
     alignments: torch.Tensor | None = None
+    unmet_constraints: torch.Tensor | None = None
 
     @property
     def best(self) -> torch.Tensor:
@@ -80,6 +83,8 @@ class SearchResult:
                     "token_log_probs": self.token_log_probs[b, j, : len(generated)].tolist(),
                     "finish_reason": FinishReason(int(self.finish_reason[b, j])).name.lower(),
                 }
+                if self.unmet_constraints is not None:
+                    hyp["unmet_constraints"] = int(self.unmet_constraints[b, j])
                 if self.alignments is not None:  # per generated token, its attention over the source
                     hyp["alignment"] = self.alignments[b, j, : len(generated)].tolist()
                 if decode is not None:
@@ -127,4 +132,6 @@ def concatenate(results: list[SearchResult], fill_token_id: int, rows_per_exampl
         prompt_length=results[0].prompt_length,
         beam_indices=beam_indices,
         alignments=alignments,
+        unmet_constraints=None if results[0].unmet_constraints is None else torch.cat(
+            [r.unmet_constraints for r in results]),
     )

@@ -176,6 +176,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     target_prefix = kwargs.pop("target_prefix", None)
     ranking = {name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs}
     output_alignments = bool(kwargs.pop("output_alignments", False))
+    force_words_ids = kwargs.pop("force_words_ids", None)
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
@@ -198,6 +199,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         target_prefix=target_prefix,
         **ranking,
         output_alignments=output_alignments,
+        force_words_ids=force_words_ids,
     )
     return result, config, options
 

@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     dec.add_argument("--alignments", action="store_true",
                      help="jsonl: each token's attention over the source tokens (encoder-decoder models)")
+    dec.add_argument("--constraint", action="append", default=[], metavar="TEXT",
+                     help="every output must contain this word or phrase; alternatives separated by '|' (repeatable)")
     dec.add_argument("--replace-unk", action="store_true",
                      help="replace unknown output tokens by the source token they attend to most (OpenNMT)")
     dec.add_argument("--prefix", help="every output starts with these tokens (text, tokenized by the model's "
@@ -187,6 +189,8 @@ def run_decode(args: argparse.Namespace) -> int:
                 raise CLIError("--replace-unk: the model's tokenizer has no unknown token")
             options["output_alignments"] = True
         m.replace_unk, m.keep_alignments = args.replace_unk, args.alignments
+        if args.constraint:
+            options["force_words_ids"] = [constraint_ids(m.tokenizer, text) for text in args.constraint]
         if args.prefix is not None:
             prefix = m.tokenizer(args.prefix, add_special_tokens=False)["input_ids"]
             if not prefix:
@@ -211,6 +215,17 @@ def run_decode(args: argparse.Namespace) -> int:
     finally:
         out.close()
     return 0
+
+
+def constraint_ids(tokenizer: Any, text: str) -> list[list[int]]:
+    """``--constraint 'AH0|UW1 T'``: its alternative phrases as token ids."""
+    phrases = []
+    for alternative in text.split("|"):
+        ids = tokenizer(alternative.strip(), add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise CLIError(f"--constraint {text!r}: {alternative!r} has no tokens")
+        phrases.append(ids)
+    return phrases
 
 
 def add_ensemble(m: Any, args: argparse.Namespace) -> None:

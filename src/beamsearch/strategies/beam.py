@@ -156,7 +156,7 @@ class BeamSearch:
             flat = torch.multinomial(torch.softmax(totals, dim=-1), num_samples=self.num_candidates)  # [B, C]
             scores = torch.gather(totals, 1, flat)  # [B, C]
         else:
-            scores, flat = torch.topk(totals, k=self.num_candidates)  # [B, C]
+            scores, flat = self._choose_candidates(totals)  # [B, C]
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         position = self.length - self.prompt_length
         sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
@@ -167,10 +167,22 @@ class BeamSearch:
         token_log_probs[:, :, position] = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)
         return scores, sequences, beam_indices, token_log_probs, parents
 
+    def _choose_candidates(self, totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The C candidates of each example from ``totals [B, K*V]``: (their scores, flat positions), best first."""
+        return torch.topk(totals, k=self.num_candidates)
+
+    def _choose_running(self, live_scores: torch.Tensor) -> torch.Tensor:
+        """Candidate positions ``[B, K]`` of the next live beams, best first, from ``live_scores [B, C]``."""
+        return torch.topk(live_scores, k=self.rows_per_example)[1]
+
+    def _pool_order(self, merged_scores: torch.Tensor) -> torch.Tensor:
+        """What ranks the finished pool and the just-finished candidates ``[B, K + C]`` (the scores themselves)."""
+        return merged_scores
+
     def _update_running(self, scores, sequences, beam_indices, token_log_probs) -> torch.Tensor:
         """The best K candidates that did not stop become the live beams; returns their candidate positions."""
         live_scores = scores + self.hits.to(torch.float32) * MASK  # [B, C]
-        keep = torch.topk(live_scores, k=self.rows_per_example)[1]  # [B, K]
+        keep = self._choose_running(live_scores)  # [B, K]
         self.running_sequences = gather_beams(sequences, keep)
         self.running_scores = gather_beams(live_scores, keep)
         self.running_beam_indices = gather_beams(beam_indices, keep)
@@ -199,7 +211,8 @@ class BeamSearch:
         reasons = classify_stop(flatten_beams(sequences[:, :, : self.length + 1]), flatten_beams(just_finished),
                                 self.eos_token_id, self.max_length).reshape(just_finished.shape)
         merged_scores = torch.cat((self.scores, penalised), dim=1)  # [B, K + C]
-        keep = torch.topk(merged_scores, k=self.rows_per_example)[1]  # [B, K]
+        keep = torch.topk(self._pool_order(merged_scores), k=self.rows_per_example)[1]  # [B, K]
+        self._pool_kept = keep
         self.scores = gather_beams(merged_scores, keep)
         self.sequences = gather_beams(torch.cat((self.sequences, sequences), dim=1), keep)
         self.beam_indices = gather_beams(torch.cat((self.beam_indices, beam_indices), dim=1), keep)
