@@ -420,3 +420,19 @@ def test_constraint_flag(g2p, tmp_path, capsys):
     assert got == want and all("AH0" in g.split() or "UW1" in g.split() for g in got)
     assert main(["decode", f, "--constraint", "AH0| "]) == 2
     assert "has no tokens" in capsys.readouterr().err
+
+
+def test_unique_flag_keys_hypotheses_by_text(g2p, tmp_path, capsys):
+    from beamsearch.adapters.hf import search_model
+    from beamsearch.cli.main import text_key
+
+    model, tok = g2p
+    key = text_key(tok)
+    ids = tok("AH0 B", add_special_tokens=False)["input_ids"]
+    assert key(ids + [tok.pad_token_id]) == key(ids) == "AH0 B"  # special tokens do not make a text distinct
+    f = write(tmp_path, "in.txt", ["object"])
+    assert main(["decode", f, "--num-beams", "8", "--num-return-sequences", "4", "--unique", "--format", "tsv"]) == 0
+    got = [line.split("\t")[-1] for line in capsys.readouterr().out.splitlines()]
+    r = search_model(model, **tok(["object"], return_tensors="pt"), num_beams=8, num_return_sequences=4, unique=key)
+    assert got == [key(r.sequences[0, j, 1 : int(r.lengths[0, j])].tolist()) for j in range(4)]
+    assert len(set(got)) == 4

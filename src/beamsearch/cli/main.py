@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     dec.add_argument("--alignments", action="store_true",
                      help="jsonl: each token's attention over the source tokens (encoder-decoder models)")
-    dec.add_argument("--constraint", action="append", default=[], metavar="TEXT",
+    dec.add_argument("--unique", action="store_true",
+                     help="beam search: no two hypotheses of an n-best with the same text (filled while searching)")
+    dec.add_argument("--constraint", "--constraints", action="append", default=[], metavar="TEXT",
                      help="every output must contain this word or phrase; alternatives separated by '|' (repeatable)")
     dec.add_argument("--replace-unk", action="store_true",
                      help="replace unknown output tokens by the source token they attend to most (OpenNMT)")
@@ -189,6 +191,8 @@ def run_decode(args: argparse.Namespace) -> int:
                 raise CLIError("--replace-unk: the model's tokenizer has no unknown token")
             options["output_alignments"] = True
         m.replace_unk, m.keep_alignments = args.replace_unk, args.alignments
+        if args.unique:
+            options["unique"] = text_key(m.tokenizer)
         if args.constraint:
             options["force_words_ids"] = [constraint_ids(m.tokenizer, text) for text in args.constraint]
         if args.prefix is not None:
@@ -215,6 +219,15 @@ def run_decode(args: argparse.Namespace) -> int:
     finally:
         out.close()
     return 0
+
+
+def text_key(tokenizer: Any) -> Any:
+    """``--unique``: a hypothesis' key is its text."""
+
+    def key(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+    return key
 
 
 def constraint_ids(tokenizer: Any, text: str) -> list[list[int]]:
