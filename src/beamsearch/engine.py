@@ -19,6 +19,7 @@ from .strategies.beam import BeamSearch
 from .strategies.constrained import ConstrainedBeamSearch, parse_constraints
 from .strategies.group import GroupBeamSearch
 from .strategies.sampling import SamplingSearch
+from .strategies.stochastic import StochasticBeamSearch
 
 
 def search(
@@ -134,7 +135,16 @@ def search(
         length_penalty=options.length_penalty,
         trace=trace,
     )
-    if options.num_beams > 1 and options.semantics != "hf":
+    if options.stochastic_beam_search:
+        if sequence_scorer is not None or unique_key is not None or output_alignments or constraints is not None:
+            raise ValueError("stochastic_beam_search cannot be combined with sequence_scorer, unique, "
+                             "output_alignments or force_words_ids")
+        strategy = StochasticBeamSearch(
+            input_ids, options.num_beams, max_length, processors, criteria, eos_token_id=options.eos_token_id,
+            fill_token_id=fill, temperature=options.temperature, num_return_sequences=options.num_return_sequences,
+            trace=trace,
+        )
+    elif options.num_beams > 1 and options.semantics != "hf":
         strategy = toolkit_strategy(options.semantics)(
             input_ids, max_length, processors, criteria,
             options=options, fill_token_id=fill, trace=trace, source_lengths=source_lengths,

@@ -54,6 +54,7 @@ TOOLKIT_OPTIONS = (
     "block_ngram_repeat",
     "ignore_when_blocking",
     "remove_finished",
+    "stochastic_beam_search",
 )
 # Options that only one toolkit's search reads: (the semantics that read them, the value that changes nothing).
 _TOOLKIT_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
@@ -114,6 +115,7 @@ class SearchOptions:
     early_stopping: bool | str = False
     num_beam_groups: int = 1  # diverse beam search (transformers 4.x): beams in G groups, decoded one after another
     diversity_penalty: float = 0.0  # subtracted per earlier-group choice of the same token at the same step
+    stochastic_beam_search: bool = False  # num_beams samples without replacement (Kool et al., 2019)
     # special tokens
     eos_token_id: tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -193,6 +195,7 @@ class SearchOptions:
             raise ValueError(f"max_time must be > 0, got {self.max_time}")
         _check_int("num_beams", self.num_beams, minimum=1)
         _check_int("num_return_sequences", self.num_return_sequences, minimum=1)
+        self._validate_stochastic()
         if self.semantics == "ct2" and self.num_beams > 1:
             pass  # CTranslate2 returns up to round(num_beams * patience) hypotheses; its strategy checks that
         elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
@@ -294,6 +297,23 @@ class SearchOptions:
             raise ValueError(f"{prefix} cannot be combined with do_sample=True")
         if self.diversity_penalty == 0:
             raise ValueError(f"{prefix} needs diversity_penalty > 0 (otherwise all groups are identical)")
+        if self.semantics != "hf":
+            raise ValueError(f"{prefix} needs semantics='hf', got {self.semantics!r}")
+
+    def _validate_stochastic(self) -> None:
+        """Stochastic beam search samples by itself, over the model's distribution, with one beam per sample."""
+        if not isinstance(self.stochastic_beam_search, bool):
+            raise ValueError(f"stochastic_beam_search must be True or False, got {self.stochastic_beam_search!r}")
+        if not self.stochastic_beam_search:
+            return
+        prefix = "stochastic_beam_search=True (num_beams samples without replacement)"
+        if self.do_sample:
+            raise ValueError(f"{prefix} cannot be combined with do_sample=True (it draws its own Gumbel noise)")
+        if self.num_return_sequences > self.num_beams:
+            raise ValueError(f"{prefix} returns at most num_beams sequences: num_return_sequences "
+                             f"({self.num_return_sequences}) must be <= num_beams ({self.num_beams})")
+        if self.num_beam_groups > 1:
+            raise ValueError(f"{prefix} cannot be combined with num_beam_groups > 1")
         if self.semantics != "hf":
             raise ValueError(f"{prefix} needs semantics='hf', got {self.semantics!r}")
 
