@@ -436,3 +436,19 @@ def test_unique_flag_keys_hypotheses_by_text(g2p, tmp_path, capsys):
     r = search_model(model, **tok(["object"], return_tensors="pt"), num_beams=8, num_return_sequences=4, unique=key)
     assert got == [key(r.sequences[0, j, 1 : int(r.lengths[0, j])].tolist()) for j in range(4)]
     assert len(set(got)) == 4
+
+
+def test_stochastic_beam_search_flag(g2p, tmp_path, capsys):
+    from beamsearch.adapters.hf import search_model
+
+    model, tok = g2p
+    f = write(tmp_path, "in.txt", ["either"])
+    argv = ["decode", f, "--num-beams", "4", "--num-return-sequences", "4", "--stochastic-beam-search", "--seed", "3",
+            "--format", "tsv"]
+    assert main(argv) == 0
+    got = [line.split("\t")[-1] for line in capsys.readouterr().out.splitlines()]
+    torch.manual_seed(3)
+    r = search_model(model, **tok(["either"], return_tensors="pt"), num_beams=4, num_return_sequences=4,
+                     stochastic_beam_search=True)
+    want = [tok.decode(r.sequences[0, j, : int(r.lengths[0, j])], skip_special_tokens=True).strip() for j in range(4)]
+    assert got == want and len(set(got)) == 4

@@ -29,6 +29,7 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--typical-p": ("typical_p", float, "locally typical sampling mass"),
     "--repetition-penalty": ("repetition_penalty", float, "CTRL repetition penalty"),
     "--no-repeat-ngram-size": ("no_repeat_ngram_size", int, "forbid repeating n-grams of this size"),
+    "--stochastic-beam-search": ("stochastic_beam_search", None, "num-beams samples without replacement"),
     "--num-beam-groups": ("num_beam_groups", int, "diverse beam search: groups of beams (divides --num-beams)"),
     "--diversity-penalty": ("diversity_penalty", float, "diverse beam search: Hamming diversity penalty"),
     "--semantics": ("semantics", str, "whose beam search: hf (default), onmt, t2t, ct2"),
