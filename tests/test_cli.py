@@ -452,3 +452,20 @@ def test_stochastic_beam_search_flag(g2p, tmp_path, capsys):
                      stochastic_beam_search=True)
     want = [tok.decode(r.sequences[0, j, : int(r.lengths[0, j])], skip_special_tokens=True).strip() for j in range(4)]
     assert got == want and len(set(got)) == 4
+
+
+def test_prefix_bias_flag(g2p, tmp_path, capsys):
+    from beamsearch.adapters.hf import search_model
+
+    model, tok = g2p
+    words = ["hello", "phone"]
+    f = write(tmp_path, "in.txt", words)
+    assert main(["decode", f, "--prefix", "F", "--prefix-bias-beta", "0.4", "--num-beams", "3", "--quiet"]) == 0
+    got = capsys.readouterr().out.splitlines()
+    prefix = tok("F", add_special_tokens=False)["input_ids"]
+    r = search_model(model, **tok(words, return_tensors="pt", padding=True), num_beams=3,
+                     target_prefix=[prefix] * 2, prefix_bias_beta=0.4)
+    assert got == [tok.decode(r.sequences[i, 0, : int(r.lengths[i, 0])], skip_special_tokens=True).strip()
+                   for i in range(2)]
+    assert main(["decode", f, "--prefix-bias-beta", "0.4"]) == 2
+    assert "--prefix-bias-beta needs --prefix" in capsys.readouterr().err

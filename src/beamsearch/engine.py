@@ -36,6 +36,7 @@ def search(
     fill_token_id: int | None = None,
     prefix_allowed_tokens_fn: Any = None,
     target_prefix: Sequence[Sequence[int]] | None = None,
+    prefix_bias_beta: float = 0.0,
     sequence_scorer: Any = None,
     unique: Any = None,
     output_alignments: bool = False,
@@ -66,6 +67,8 @@ def search(
             ``generate`` (``batch_id`` is ``row // num_beams``); everything else is masked.
         target_prefix: per example, token ids its output must start with (after the start tokens; ``[]``: none),
             as CTranslate2's ``target_prefix``: forced one by one, then the search goes on freely.
+        prefix_bias_beta: in (0, 1): bias toward ``target_prefix`` instead of forcing it, as CTranslate2's
+            ``prefix_bias_beta`` (while a hypothesis follows its prefix, ``(1 - beta) p + beta onehot``).
         sequence_scorer: beam search only: ``(tokens [M, g], token_log_probs [M, g], lengths [M]) -> scores [M]``,
             the score that ranks finished hypotheses (instead of ``sum / length ** length_penalty``).
         unique: beam search only: True, or a key function of a hypothesis' generated token list; the finished
@@ -101,13 +104,14 @@ def search(
     if target_prefix is not None:
         if len(target_prefix) != batch_size or any(isinstance(p, (str, int)) for p in target_prefix):
             raise ValueError(f"target_prefix must hold one list of token ids per example ({batch_size})")
-        if options.semantics == "ct2" and options.num_beams > 1:
+        if options.semantics == "ct2" and options.num_beams > 1 and not prefix_bias_beta:
             raise ValueError("target_prefix with semantics='ct2' and num_beams > 1 is not supported: CTranslate2's "
                              "beam search after a prefix is not reproduced yet (greedy is)")
         row_prefixes = [list(p) for p in target_prefix for _ in range(rows)]
     processors = build_processors(
         options, prompt_length, padding_lengths, list(logits_processor), source_lengths=row_source_lengths,
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, target_prefix=row_prefixes,
+        prefix_bias_beta=_check_bias(prefix_bias_beta, target_prefix),
     )
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
     trace = StepTrace(options.output_scores, options.output_logits)
@@ -176,6 +180,16 @@ def search(
             output_alignments=output_alignments, **common,
         )
     return decode(step, state, strategy, batch_size)
+
+
+def _check_bias(beta: float, target_prefix: Any) -> float:
+    if not beta:
+        return 0.0
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:
+        raise ValueError(f"prefix_bias_beta must be a number in (0, 1), got {beta!r}")
+    if target_prefix is None:
+        raise ValueError("prefix_bias_beta needs a target_prefix to bias toward")
+    return float(beta)
 
 
 def toolkit_strategy(semantics: str) -> type:

@@ -174,6 +174,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     tokenizer = kwargs.pop("tokenizer", None)
     allowed_fn = kwargs.pop("prefix_allowed_tokens_fn", None)
     target_prefix = kwargs.pop("target_prefix", None)
+    prefix_bias_beta = kwargs.pop("prefix_bias_beta", 0.0)
     ranking = {name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs}
     output_alignments = bool(kwargs.pop("output_alignments", False))
     force_words_ids = kwargs.pop("force_words_ids", None)
@@ -197,6 +198,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         fill_token_id=_fill_token(config, options),
         prefix_allowed_tokens_fn=allowed_fn,
         target_prefix=target_prefix,
+        prefix_bias_beta=prefix_bias_beta,
         **ranking,
         output_alignments=output_alignments,
         force_words_ids=force_words_ids,

@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="every output must contain this word or phrase; alternatives separated by '|' (repeatable)")
     dec.add_argument("--replace-unk", action="store_true",
                      help="replace unknown output tokens by the source token they attend to most (OpenNMT)")
+    dec.add_argument("--prefix-bias-beta", type=float, metavar="BETA",
+                     help="with --prefix: bias toward it instead of forcing it (CTranslate2's prefix_bias_beta)")
     dec.add_argument("--prefix", help="every output starts with these tokens (text, tokenized by the model's "
                      "tokenizer), e.g. --prefix 'HH'")
 
@@ -201,6 +203,10 @@ def run_decode(args: argparse.Namespace) -> int:
             if not prefix:
                 raise CLIError(f"--prefix {args.prefix!r}: no tokens")
             options["target_prefix"] = prefix  # decode_batch gives it to every input
+            if args.prefix_bias_beta is not None:
+                options["prefix_bias_beta"] = args.prefix_bias_beta
+        elif args.prefix_bias_beta is not None:
+            raise CLIError("--prefix-bias-beta needs --prefix")
         limit = input_limit(args, m.tokenizer)
         bar = progress(count_lines(args.files), args.quiet, initial=out.done)
         for chunk, error in chunks(read_lines(args.files), args.chunk_size):

@@ -24,7 +24,7 @@ from .masks import (
 from .ngrams import NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor
 from .numerics import InfNanRemoveLogitsProcessor, LogitNormalization
 from .penalties import RepetitionPenaltyLogitsProcessor
-from .prefix import TargetPrefixLogitsProcessor
+from .prefix import PrefixBiasLogitsProcessor, TargetPrefixLogitsProcessor
 from .warpers import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -73,6 +73,7 @@ def build_processors(
     source_lengths: torch.Tensor | None = None,
     prefix_allowed_tokens_fn: AllowedTokensFn | None = None,
     target_prefix: list[list[int]] | None = None,
+    prefix_bias_beta: float = 0.0,
 ) -> ProcessorList:
     """The processors of a search, in the order of Hugging Face ``_get_logits_processor``.
 
@@ -89,6 +90,7 @@ def build_processors(
         source_lengths: LongTensor ``[N]`` of each row's source length (for ``max_len_a`` / ``max_len_b``).
         prefix_allowed_tokens_fn: ``(batch_id, tokens [t]) -> allowed token ids``, as in ``generate``.
         target_prefix: the forced first generated tokens of each row (after every other built-in processor).
+        prefix_bias_beta: > 0: bias toward ``target_prefix`` instead of forcing it (the last processor).
 
     Returns:
         A :class:`ProcessorList`.
@@ -130,7 +132,7 @@ def build_processors(
         a, b = options.max_len_a, options.max_len_b or 0
         defaults.append(SourceTiedMaxLength(a, b, source_lengths, prompt_length, eos[0]))
 
-    if target_prefix is not None:
+    if target_prefix is not None and not prefix_bias_beta:
         defaults.append(TargetPrefixLogitsProcessor(target_prefix, prompt_length))
 
     processors = ProcessorList(merge_user_items(defaults, list(user_processors)))
@@ -138,6 +140,8 @@ def build_processors(
         processors.extend(_warpers(options))
     if options.renormalize_logits:
         processors.append(LogitNormalization())
+    if target_prefix is not None and prefix_bias_beta:
+        processors.append(PrefixBiasLogitsProcessor(target_prefix, prefix_bias_beta, prompt_length))
     return processors
 
 

@@ -59,3 +59,42 @@ class TargetPrefixLogitsProcessor(LogitsProcessor):
         forced = self.tokens[:, position : position + 1]  # [N, 1]
         keep = torch.full_like(scores, NEG_INF).scatter(1, forced, scores.gather(1, forced))
         return torch.where((position < self.lengths)[:, None], keep, scores)
+
+
+class PrefixBiasLogitsProcessor(LogitsProcessor):
+    """Bias, not force, toward each example's prefix (CTranslate2's ``prefix_bias_beta``; Arthur et al., 2019).
+
+    While a row's generated tokens still equal the start of its prefix, its next-token distribution becomes
+    ``(1 - beta) * p + beta * onehot(prefix[i])`` at generated position ``i < len(prefix)``; a row that left the
+    prefix, or went past it, is not changed. Returns log-probabilities for the biased rows, so it must be the
+    last processor before the search normalizes (``build_processors`` puts it there).
+
+    Args:
+        prefixes: one list of token ids per row.
+        beta: in (0, 1).
+        prompt_length: ``t0``.
+    """
+
+    def __init__(self, prefixes: Sequence[Sequence[int]], beta: float, prompt_length: int):
+        self.forced = TargetPrefixLogitsProcessor(prefixes, prompt_length)  # holds the prefix tensors
+        if not 0.0 < beta < 1.0:
+            raise ValueError(f"prefix_bias_beta must be in (0, 1), got {beta!r}")
+        self.beta = float(beta)
+
+    def select_rows(self, index: torch.Tensor) -> PrefixBiasLogitsProcessor:
+        kept = PrefixBiasLogitsProcessor.__new__(PrefixBiasLogitsProcessor)
+        kept.forced, kept.beta = self.forced.select_rows(index), self.beta
+        return kept
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
+        prefix, lengths, t0 = self.forced.tokens, self.forced.lengths, self.forced.prompt_length
+        position = input_ids.shape[1] - t0
+        if position >= prefix.shape[1]:
+            return scores
+        prefix, lengths = prefix.to(scores.device), lengths.to(scores.device)
+        on_prefix = (input_ids[:, t0:] == prefix[:, :position]).all(dim=1) & (position < lengths)  # [N]
+        target = prefix[:, position : position + 1]  # [N, 1]
+        probs = torch.softmax(scores.float(), dim=-1) * (1.0 - self.beta)
+        biased = torch.log(probs.scatter_add(1, target, torch.full_like(target, self.beta, dtype=probs.dtype)))
+        return torch.where(on_prefix[:, None], biased.to(scores.dtype), scores)

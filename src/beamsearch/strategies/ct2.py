@@ -19,8 +19,8 @@ CTranslate2 drops finished examples from the batch; here they stay, masked (noth
 registered for them), which gives the same results.
 
 History processors (repetition penalty, n-gram blocking) skip the first start token, as CTranslate2's do
-(the engine builds them that way under ``semantics="ct2"``). Coverage penalty, prefix biasing and random
-beam sampling are rejected.
+(the engine builds them that way under ``semantics="ct2"``). Coverage penalty and random beam sampling are
+rejected; prefix biasing is a processor (``processors/prefix.py``).
 
 Legend: B batch, K beams, C = 2K candidates, N = B*K, V vocabulary, L = max_length, t tokens so far,
 t0 start tokens, G = L - t0 generated positions, P = num_return_sequences (the kept hypotheses).
