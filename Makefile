@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/vs_hf.py
+	$(BIN)/python benchmarks/suite.py --quick --threads 1 --no-plot
 
 clean:
 	rm -rf $(VENV)
