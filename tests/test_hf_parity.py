@@ -27,8 +27,10 @@ def random_case(seed: int) -> tuple[str, dict]:
     rng = random.Random(seed)
     name = MODEL_NAMES[seed % len(MODEL_NAMES)]
     mode = rng.choice(["greedy", "sample", "beam", "beam", "beam_sample"])
+    # without per-step scores, finished examples leave the batch (remove_finished): half the cases test that
+    scores = rng.random() < 0.5
     kwargs: dict = {"max_new_tokens": rng.randint(1, 10), "return_dict_in_generate": True,
-                    "output_scores": True, "output_logits": rng.random() < 0.5}
+                    "output_scores": scores, "output_logits": scores and rng.random() < 0.5}
     if mode in ("beam", "beam_sample"):
         kwargs["num_beams"] = rng.randint(2, 8) if rng.random() < 0.9 else 1
         kwargs["num_return_sequences"] = rng.randint(1, kwargs["num_beams"])
@@ -58,6 +60,8 @@ def random_case(seed: int) -> tuple[str, dict]:
     for option, value in optional.items():
         if rng.random() < 0.15:
             kwargs[option] = value()
+    if kwargs.get("forced_bos_token_id") in kwargs.get("suppress_tokens", ()):  # transformers rejects the pair
+        kwargs["suppress_tokens"].remove(kwargs["forced_bos_token_id"])
     if kwargs["do_sample"]:
         warpers = {
             "temperature": lambda: rng.choice([0.5, 0.8, 1.5]),
