@@ -469,3 +469,14 @@ def test_prefix_bias_flag(g2p, tmp_path, capsys):
                    for i in range(2)]
     assert main(["decode", f, "--prefix-bias-beta", "0.4"]) == 2
     assert "--prefix-bias-beta needs --prefix" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_stops_quietly(tmp_path):
+    """`beamsearch decode big.txt | head -1`: the reader leaves early; no traceback, exit status 0."""
+    f = write(tmp_path, "in.txt", ["hello", "world", "phone"] * 400)
+    proc = subprocess.Popen([sys.executable, "-m", "beamsearch", "decode", f, "--threads", "1", "--batch-size", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "HH EH1 L OW0"
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in err, err

@@ -7,6 +7,7 @@ beamsearch eval --beams 1 5
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -143,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as e:
         print(f"beamsearch: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's final flush does not fail again
+        return 0
     except KeyboardInterrupt:
         print("beamsearch: interrupted; what was written is kept (continue with --resume)", file=sys.stderr)
         return 130
