@@ -74,3 +74,23 @@ class GRUDecoder(torch.nn.Module):
         for position in range(tokens.shape[1]):
             hidden = self.cell(self.embed(tokens[:, position]) + state["memory"]["summary"], hidden)
         return self.out(hidden), state
+
+
+HOST_CONVERSIONS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__")
+
+
+def count_host_conversions(monkeypatch) -> list[str]:
+    """Count tensor -> Python conversions (host synchronisations) until ``monkeypatch.undo()``.
+
+    Returns the list the counters append the conversion's name to.
+    """
+    conversions: list[str] = []
+    for method in HOST_CONVERSIONS:
+        original = getattr(torch.Tensor, method)
+
+        def counted(self, *args, _original=original, _name=method, **kw):
+            conversions.append(_name)
+            return _original(self, *args, **kw)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    return conversions

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from fakes import GRUDecoder, PrefixModel
+from fakes import GRUDecoder, PrefixModel, count_host_conversions
 
 import beamsearch
 
@@ -152,15 +152,7 @@ def test_at_most_one_host_synchronisation_per_step(monkeypatch, kwargs):
         steps.append(tokens.shape[1])
         return model.logits_for(tokens), state
 
-    conversions = []
-    for method in ("__bool__", "item", "tolist", "__int__", "__float__", "__index__"):
-        original = getattr(torch.Tensor, method)
-
-        def counted(self, *args, _original=original, **kw):
-            conversions.append(1)
-            return _original(self, *args, **kw)
-
-        monkeypatch.setattr(torch.Tensor, method, counted)
+    conversions = count_host_conversions(monkeypatch)
     result = beamsearch.search(step, torch.tensor([[1, 2], [3, 4]]), max_new_tokens=8, eos_token_id=0, **kwargs)
     monkeypatch.undo()
     assert len(steps) >= 2

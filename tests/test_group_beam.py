@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import count_host_conversions
 
 import beamsearch
 from beamsearch import SearchOptions
@@ -240,15 +241,7 @@ def test_at_most_one_host_synchronisation_per_step(monkeypatch):
         steps.append(tokens.shape[1])
         return table[tokens[:, -1]], state
 
-    conversions = []
-    for method in ("__bool__", "item", "tolist", "__int__", "__float__", "__index__"):
-        original = getattr(torch.Tensor, method)
-
-        def counted(self, *args, _original=original, **kw):
-            conversions.append(1)
-            return _original(self, *args, **kw)
-
-        monkeypatch.setattr(torch.Tensor, method, counted)
+    conversions = count_host_conversions(monkeypatch)
     beamsearch.search(step, torch.tensor([[1], [2]]), num_beams=6, num_beam_groups=3, diversity_penalty=1.0,
                       max_new_tokens=12, eos_token_id=0, no_repeat_ngram_size=2)
     monkeypatch.undo()

@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+from fakes import count_host_conversions
 
 import beamsearch
 from beamsearch.strategies.stochastic import conditional_keys, importance_weights
@@ -261,15 +262,7 @@ def test_at_most_one_host_synchronisation_per_step(monkeypatch):
         calls.append(tokens.shape[1])
         return step(tokens, state)
 
-    conversions = []
-    for method in ("__bool__", "item", "tolist", "__int__", "__float__", "__index__"):
-        original = getattr(torch.Tensor, method)
-
-        def counted(self, *args, _original=original, _name=method, **kw):
-            conversions.append(_name)
-            return _original(self, *args, **kw)
-
-        monkeypatch.setattr(torch.Tensor, method, counted)
+    conversions = count_host_conversions(monkeypatch)
     beamsearch.search(counted_step, torch.ones(4, 1, dtype=torch.long), num_beams=3, max_new_tokens=MAX_NEW,
                       eos_token_id=EOS, stochastic_beam_search=True, min_new_tokens=1)
     monkeypatch.undo()
