@@ -116,23 +116,24 @@ def search(
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
     trace = StepTrace(options.output_scores, options.output_logits)
     fill = options.output_fill_token if fill_token_id is None else fill_token_id
-    # finished examples leave the batch when that cannot change a result (sampling would draw differently,
-    # and per-step scores would miss rows)
+    hf_beams = options.semantics == "hf" and options.num_beam_groups == 1  # the strategy of beam.py
     unique_key = check_ranking(sequence_scorer, unique)
-    if output_alignments and options.num_beams > 1 and (options.semantics != "hf" or options.num_beam_groups > 1):
+    if output_alignments and options.num_beams > 1 and not hf_beams:
         raise ValueError("output_alignments needs semantics='hf' and no beam groups")
-    if (sequence_scorer is not None or unique_key is not None) and (
-            options.num_beams == 1 or options.semantics != "hf" or options.num_beam_groups > 1):
+    if (sequence_scorer is not None or unique_key is not None) and not (hf_beams and options.num_beams > 1):
         raise ValueError("sequence_scorer and unique need beam search (num_beams > 1) with semantics='hf' and "
                          "no beam groups")
     constraints = None
     if force_words_ids is not None:
         constraints = parse_constraints(force_words_ids)
-        if options.num_beams == 1 or options.do_sample or options.semantics != "hf" or options.num_beam_groups > 1:
+        if not (hf_beams and options.num_beams > 1) or options.do_sample:
             raise ValueError("force_words_ids needs beam search (num_beams > 1, do_sample=False) with "
                              "semantics='hf' and no beam groups")
-    removal = constraints is None and (options.remove_finished and not options.do_sample and not options.output_scores
-               and not options.output_logits and removal_is_exact(processors, criteria) and unique_key is None)
+    # finished examples leave the batch when that cannot change a result (sampling would draw differently,
+    # per-step scores would miss rows, a constrained or de-duplicated pool keeps state of its own)
+    removal = (options.remove_finished and not options.do_sample and not options.output_scores
+               and not options.output_logits and constraints is None and unique_key is None
+               and removal_is_exact(processors, criteria))
     common = dict(
         do_sample=options.do_sample,
         eos_token_id=options.eos_token_id,
