@@ -65,6 +65,7 @@ class ConstrainedBeamSearch(BeamSearch):
         super().__init__(input_ids, num_beams, max_length, processors, criteria, **kwargs)
         b, device = input_ids.shape[0], input_ids.device
         self.phrases = [(c, list(p)) for c, alternatives in enumerate(constraints) for p in alternatives]
+        self._phrase_tensors = [torch.tensor(p, device=device) for _, p in self.phrases]  # made once, not per step
         self.num_constraints = q = len(constraints)
         self.running_met = torch.zeros(b, num_beams, q, dtype=torch.bool, device=device)  # [B, K, Q]
         self.pool_met = torch.zeros(b, num_beams, q, dtype=torch.bool, device=device)  # [B, K, Q]
@@ -77,15 +78,15 @@ class ConstrainedBeamSearch(BeamSearch):
 
     # ------------------------------------------------------------------ constraint bookkeeping
 
-    def _suffix_matches(self, prefix: list[int]) -> torch.Tensor:
+    def _suffix_matches(self, prefix: torch.Tensor) -> torch.Tensor:
         """``[B, K]``: whether each beam's generated tokens end with ``prefix`` (empty: always)."""
         b, k = self.running_scores.shape
-        if not prefix:
+        if not len(prefix):
             return torch.ones(b, k, dtype=torch.bool, device=self.running_scores.device)
         if self.length - self.prompt_length < len(prefix):
             return torch.zeros(b, k, dtype=torch.bool, device=self.running_scores.device)
         tail = self.running_sequences[:, :, self.length - len(prefix) : self.length]  # [B, K, len]
-        return (tail == torch.tensor(prefix, device=tail.device)).all(dim=-1)
+        return (tail == prefix).all(dim=-1)
 
     def _step_tables(self, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """For this step: ``advancing [B, K, V]`` (tokens that start or continue a phrase of an unmet constraint),
@@ -96,12 +97,12 @@ class ConstrainedBeamSearch(BeamSearch):
         advancing = torch.zeros(b, k, vocab, dtype=torch.bool, device=device)
         completes = torch.zeros(self.num_constraints, b, k, vocab, dtype=torch.bool, device=device)
         progress = torch.zeros(self.num_constraints, b, k, vocab, dtype=torch.long, device=device)
-        for c, phrase in self.phrases:
+        for (c, phrase), phrase_tensor in zip(self.phrases, self._phrase_tensors, strict=True):
             unmet = ~self.running_met[:, :, c]  # [B, K]
             for j, token in enumerate(phrase):
                 if token >= vocab:
                     raise ValueError(f"force_words_ids holds token {token}, outside the model's {vocab} logits")
-                ready = unmet & self._suffix_matches(phrase[:j])
+                ready = unmet & self._suffix_matches(phrase_tensor[:j])
                 advancing[:, :, token] |= ready
                 done = j == len(phrase) - 1
                 if done:
