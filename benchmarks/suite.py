@@ -5,7 +5,9 @@ One process, the same models and inputs for every engine; each engine is warmed 
 
 - HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments; ours-keep: the same with
   ``remove_finished=False`` (finished examples stay in the batch, as in transformers): the lever's effect;
-  ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU only; dynamic int8 linear layers).
+  ours-generic: the same with ``lean_step=False`` (the generic step calling ``model(...)`` instead of the lean
+  T5 step): that lever's effect; ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU only; dynamic
+  int8 linear layers).
 - CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
   ``TransformersConverter`` (quantization float32 and int8), the same options in its names (beam_size,
   max/min decoding length, patience 1, length_penalty 1, return_end_token).
@@ -47,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suite_engines as engines  # noqa: E402
 import suite_models as models  # noqa: E402
 
-ENGINES = ("hf", "ours", "ours-keep", "ours-int8", "ct2-fp32", "ct2-int8", "floor")
+ENGINES = ("hf", "ours", "ours-keep", "ours-generic", "ours-int8", "ct2-fp32", "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
          "lengths": "8,16,32"}
 FULL = {"models": ",".join(models.MODELS), "beams": "1,4,8", "batches": "1,16,64", "repeats": 3,
@@ -121,6 +123,9 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-keep" in args.engines:
         keep = engines.beamsearch_engine(workload, inputs, dict(kwargs, remove_finished=False))
         row.timings["ours-keep"] = engines.timed(keep, args.repeats, args.device)
+    if "ours-generic" in args.engines:
+        generic = engines.beamsearch_engine(workload, inputs, dict(kwargs, lean_step=False))
+        row.timings["ours-generic"] = engines.timed(generic, args.repeats, args.device)
     if "ours-int8" in args.engines and args.device == "cpu":
         if workload.int8_model is None:
             workload.int8_model = beamsearch.quantize_int8(workload.model)
@@ -163,10 +168,10 @@ def _mem(timing: engines.Timing | None) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
-        " keep/ours | CT2/ours | int8/ours | ours-int8 s | CT2 int8/ours-int8 | ours/floor | =HF ours | =HF CT2 |"
-        " =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
+        " keep/ours | generic/ours | CT2/ours | int8/ours | ours-int8 s | CT2 int8/ours-int8 | ours/floor |"
+        " =HF ours | =HF CT2 | =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
         " peak MiB HF/ours/CT2/int8/floor | ours tok/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         "---|---:|",
     ]
     for r in rows:
@@ -182,6 +187,7 @@ def table(rows: list[Row]) -> list[str]:
             f"| {r.model} | {search} | {r.batch} | {r.steps} | {_fmt_s(r.seconds('hf'))} | {_fmt_s(ours)} |"
             f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
             f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ours-keep'), ours)} |"
+            f" {_ratio(r.seconds('ours-generic'), ours)} |"
             f" {_ratio(r.seconds('ct2-fp32'), ours)} |"
             f" {_ratio(r.seconds('ct2-int8'), ours)} | {_fmt_s(r.seconds('ours-int8'))} |"
             f" {_ratio(r.seconds('ct2-int8'), r.seconds('ours-int8'))} | {_ratio(ours, r.seconds('floor'))} |"
@@ -304,6 +310,7 @@ def main(argv=None) -> None:
         report += ["", f"Time against output length ({sweep_label.split(':')[0]}):", "", *sweep_table(sweep)]
     report += ["", "HF/ours, CT2/ours, int8/ours: the other engine's time over ours (above 1: ours is faster);"
                " keep/ours: ours without removing finished examples (remove_finished=False) over ours;"
+               " generic/ours: ours with the generic model step (lean_step=False) over ours;"
                " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
                " time over it;"
                " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"

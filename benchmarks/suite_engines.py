@@ -187,13 +187,14 @@ def beamsearch_ct2_semantics(workload, inputs: dict, num_beams: int) -> list[lis
 
 
 def count_forwards(model: torch.nn.Module, run: Callable[[], object]) -> int:
-    """How many times ``run`` calls the model's forward (the number of decoding steps)."""
+    """How many times ``run`` calls the model's output layer (the number of decoding steps; the lean T5 step
+    does not call the model's ``forward``)."""
     calls = [0]
 
     def hook(*_):
         calls[0] += 1
 
-    handle = model.register_forward_pre_hook(hook)
+    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
     try:
         run()
     finally:

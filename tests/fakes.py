@@ -94,3 +94,22 @@ def count_host_conversions(monkeypatch) -> list[str]:
 
         monkeypatch.setattr(torch.Tensor, method, counted)
     return conversions
+
+
+class RowCounter:
+    """Records how many rows each decoding step of a Hugging Face model computes.
+
+    Hooks the output layer, which both the generic step (``model(...)``) and the lean T5 step call once per
+    step with the rows first.
+    """
+
+    def __init__(self, model):
+        self.rows: list[int] = []
+        self.handle = model.get_output_embeddings().register_forward_pre_hook(self.record)
+
+    def record(self, module, args):
+        self.rows.append(args[0].shape[0])
+
+    def close(self):
+        self.handle.remove()
+        return self.rows

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
+from fakes import RowCounter  # noqa: E402
 from tiny_hf import VOCAB, random_inputs, tiny_model  # noqa: E402
 
 from beamsearch import generate, search  # noqa: E402
@@ -55,13 +56,11 @@ def test_without_scores_finished_examples_leave_and_batch_ids_follow():
     model = tiny_model("t5")
     ids, mask = random_inputs(model, 6, torch.Generator().manual_seed(4))
     common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=15, prefix_allowed_tokens_fn=allowed)
-    rows = []
-    handle = model.register_forward_hook(lambda m, a, k, o: rows.append(k["decoder_input_ids"].shape[0]),
-                                         with_kwargs=True)
+    counter = RowCounter(model)
     try:
         got = generate(model, num_beams=1, **common)
     finally:
-        handle.remove()
+        rows = counter.close()
     assert torch.equal(got, model.generate(num_beams=1, **common))
     assert min(rows) < 6  # finished examples left the batch, and the remaining rows kept their batch ids
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
+from fakes import RowCounter  # noqa: E402
 from tiny_hf import random_inputs, tiny_model  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
@@ -23,22 +24,6 @@ from beamsearch.evaluation import read_references  # noqa: E402
 @pytest.fixture(scope="module")
 def g2p():
     return AutoModelForSeq2SeqLM.from_pretrained(EMBEDDED_MODEL).eval(), AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
-
-
-class RowCounter:
-    """A forward hook recording how many rows each model call decodes."""
-
-    def __init__(self, model):
-        self.rows: list[int] = []
-        self.handle = model.register_forward_hook(self.record, with_kwargs=True)
-
-    def record(self, module, args, kwargs, output):
-        ids = kwargs.get("decoder_input_ids", kwargs.get("input_ids"))
-        self.rows.append(ids.shape[0])
-
-    def close(self):
-        self.handle.remove()
-        return self.rows
 
 
 def decode_counting(model, inputs, **options):

@@ -21,6 +21,7 @@ from ..engine import search
 from ..options import TOOLKIT_OPTIONS, UNSUPPORTED_OPTIONS, SearchOptions, apply_preset, is_neutral
 from ..results import SearchResult, concatenate
 from .hf_outputs import to_hf_output
+from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
 
 # generate() arguments that change results and that we do not implement.
 _REJECTED_ARGUMENTS = (
@@ -178,15 +179,15 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     ranking = {name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs}
     output_alignments = bool(kwargs.pop("output_alignments", False))
     force_words_ids = kwargs.pop("force_words_ids", None)
+    lean_step = kwargs.pop("lean_step", None)
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
     options = _options_from_config(config, toolkit, setup["has_default_max_length"])
-    state = HFState(model, setup["model_kwargs"], config)
-    if options.coverage_penalty != "none" or output_alignments:
-        _request_cross_attention(model, state)
+    needs_attention = options.coverage_penalty != "none" or output_alignments
+    step, state = _model_step(model, setup["model_kwargs"], config, options, lean_step, needs_attention)
     result = search(
-        hf_step,
+        step,
         setup["input_ids"],
         state,
         logits_processor=list(logits_processor or ()),
@@ -204,6 +205,25 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         force_words_ids=force_words_ids,
     )
     return result, config, options
+
+
+def _model_step(model, model_kwargs, config, options, lean_step, needs_attention):
+    """The step function and state: the lean T5 step where it applies (``lean_step`` None or True), else the
+    generic one that calls ``model(...)``."""
+    if lean_step not in (None, True, False):
+        raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
+    if lean_step is not False:
+        reason = lean_t5_reason(model, model_kwargs, needs_attention)
+        if reason is None:
+            encoded = model_kwargs["encoder_outputs"].last_hidden_state
+            state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length)
+            return lean_t5_step, state
+        if lean_step:
+            raise ValueError(f"lean_step=True cannot run this call: {reason}")
+    state = HFState(model, model_kwargs, config)
+    if needs_attention:
+        _request_cross_attention(model, state)
+    return hf_step, state
 
 
 def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs, max_rows):

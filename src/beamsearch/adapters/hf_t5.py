@@ -1,0 +1,244 @@
+"""A lean decoder step for T5 (and mT5): the model's own modules, our attention and a preallocated cache.
+
+The generic Hugging Face step calls ``model(...)`` once per step; for T5 on CPU a fifth of that time goes to
+growing the self-attention cache with ``torch.cat`` (one copy of the whole cache per layer and step, then the
+beam reorder copies it again) and to attention kernels built for long queries. This step calls the decoder's
+layer norms, projections and feed-forward blocks directly and does the rest itself:
+
+- the self-attention cache is preallocated time-major (``[T, N, H, d]`` per layer): a step writes one slice,
+  and the beam reorder gathers only the filled part into a second buffer (one copy, no ``cat``);
+- the cross-attention keys and values are computed once per example (``[B*H, d, S]``), never copied to the
+  beams: an example's K queries attend to them in one batched product, so encoder memory is flat in K;
+- the relative position bias is the model's own ``compute_bias`` for the new position;
+- attention is computed as the model's attention implementation computes it (``sdpa``: the same
+  ``scaled_dot_product_attention`` call with the bias as its mask; ``eager``: matmul, bias, softmax, matmul),
+  so the logits are those of ``model(...)``, not merely close to them.
+
+The results equal ``model.generate`` (the parity tests run this path). It is used by
+:func:`beamsearch.generate` for eligible models (``lean_step=None``, the default); ``False`` forces the generic
+step. Eligible: T5-layout encoder-decoder models (``t5``, ``mt5``) in eval mode with ``eager`` or ``sdpa``
+attention, decoding with the cache, without a decoder attention mask and without attention outputs (coverage
+penalties, alignments).
+
+Legend: B batch, K rows per example, N = B*K, H heads, d head size, S source length, T cache length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def lean_t5_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
+    """Why the lean step cannot run this model and call (None: it can)."""
+    config = model.config
+    if getattr(config, "model_type", None) not in ("t5", "mt5"):
+        return f"model_type {getattr(config, 'model_type', None)!r} is not T5"
+    decoder = getattr(model, "decoder", None)
+    blocks = getattr(decoder, "block", None)
+    if blocks is None or not all(len(b.layer) == 3 and hasattr(b.layer[0], "SelfAttention") for b in blocks):
+        return "the decoder does not have the T5 layout"
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in ("eager", "sdpa"):
+        return f"attention implementation {implementation!r} (the lean step computes 'eager' and 'sdpa')"
+    if model.training:
+        return "the model is in training mode (dropout)"
+    if needs_attention:
+        return "attention outputs are requested"
+    if not model_kwargs.get("use_cache", True):
+        return "use_cache=False"
+    for name in ("decoder_attention_mask", "decoder_inputs_embeds", "output_attentions", "output_hidden_states"):
+        value = model_kwargs.get(name)
+        if value is not None and value is not False:
+            return f"{name} is given"
+    if model_kwargs.get("encoder_outputs") is None:
+        return "no encoder outputs"
+    return None
+
+
+def _output_scale(model: Any) -> float | None:
+    """T5 scales the decoder output by ``d_model ** -0.5`` before the output layer (``scale_decoder_outputs``,
+    on for tied embeddings); mT5 never does."""
+    config = model.config
+    if config.model_type == "mt5":
+        return None
+    return model.model_dim**-0.5 if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings) else None
+
+
+class LeanT5State:
+    """Decoder state of a T5 model between steps, reordered by the engine like any state.
+
+    Per example: cross-attention keys ``[B*H, d, S]`` and values ``[B*H, S, d]`` of every layer and the
+    additive source mask ``[B, 1, 1, S]``. Per row: the self-attention keys and values ``[T, N, H, d]`` of
+    every layer (filled up to ``length``), plus a spare buffer of the same shape for reorders.
+    """
+
+    def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int):
+        self.model = model
+        self.blocks = list(model.decoder.block)
+        attention = self.blocks[0].layer[0].SelfAttention
+        self.heads, self.head_size = attention.n_heads, attention.key_value_proj_dim
+        self.bias_module = attention
+        self.scale = _output_scale(model)
+        self.capacity = max_length
+        self.dtype = encoder_hidden.dtype
+        self.sdpa = model.config._attn_implementation == "sdpa"
+        self.examples = encoder_hidden.shape[0]
+        self.cross_keys, self.cross_values = [], []
+        for block in self.blocks:
+            cross = block.layer[1].EncDecAttention
+            keys = self._heads(cross.k(encoder_hidden))  # [B, H, S, d]
+            values = self._heads(cross.v(encoder_hidden))
+            self.cross_keys.append(keys.transpose(2, 3).reshape(-1, self.head_size, keys.shape[2]))  # [B*H, d, S]
+            self.cross_values.append(values.reshape(-1, values.shape[2], self.head_size))  # [B*H, S, d]
+        self.source_bias = None
+        if source_mask is not None and not bool(source_mask.all()):
+            blocked = source_mask[:, None, None, :] == 0  # [B, 1, 1, S]
+            self.source_bias = torch.zeros(blocked.shape, dtype=self.dtype, device=blocked.device)
+            self.source_bias.masked_fill_(blocked, torch.finfo(self.dtype).min)
+        self.zero_bias = torch.zeros((1, self.heads, 1, encoder_hidden.shape[1]), dtype=self.dtype,
+                                     device=encoder_hidden.device)
+        self.keys: list[torch.Tensor] = []  # per layer [T, N, H, d]; allocated by the first step
+        self.values: list[torch.Tensor] = []
+        self.spare_keys: list[torch.Tensor] = []
+        self.spare_values: list[torch.Tensor] = []
+        self.length = 0
+        self.rows_per_example = 1
+        self.expansion: torch.Tensor | None = None  # [N] example of each row, until the first step applies it
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Unscaled attention with an additive bias, computed as the model's attention implementation computes it:
+        query ``[R, H, q, d]``, keys and values ``[R, H, t, d]``, bias broadcast to ``[R, H, q, t]``."""
+        if self.sdpa:
+            return torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=bias, scale=1.0)
+        weights = (torch.matmul(query, keys.transpose(2, 3)) + bias).softmax(dim=-1)
+        return torch.matmul(weights, values)
+
+    def _heads(self, projected: torch.Tensor) -> torch.Tensor:
+        """``[B, S, H*d]`` -> ``[B, H, S, d]``."""
+        batch, length = projected.shape[:2]
+        return projected.view(batch, length, self.heads, self.head_size).transpose(1, 2)
+
+    # ------------------------------------------------------------------ reorder
+
+    def reorder(self, index: torch.Tensor) -> LeanT5State:
+        if self.length == 0:
+            self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
+            return self
+        rows = self.keys[0].shape[1]
+        if index.shape[0] != rows:  # whole examples left the batch
+            self._drop_examples(index)
+            return self
+        filled = self.length
+        for layer in range(len(self.blocks)):
+            torch.index_select(self.keys[layer][:filled], 1, index, out=self.spare_keys[layer][:filled])
+            torch.index_select(self.values[layer][:filled], 1, index, out=self.spare_values[layer][:filled])
+            self.keys[layer], self.spare_keys[layer] = self.spare_keys[layer], self.keys[layer]
+            self.values[layer], self.spare_values[layer] = self.spare_values[layer], self.values[layer]
+        return self
+
+    def _drop_examples(self, index: torch.Tensor) -> None:
+        per_example = self.rows_per_example
+        kept = index[::per_example] // per_example  # [B'] examples in their new order
+        heads = self.heads
+        head_rows = (kept[:, None] * heads + torch.arange(heads, device=kept.device)).reshape(-1)  # [B'*H]
+        self.cross_keys = [keys.index_select(0, head_rows) for keys in self.cross_keys]
+        self.cross_values = [values.index_select(0, head_rows) for values in self.cross_values]
+        if self.source_bias is not None:
+            self.source_bias = self.source_bias.index_select(0, kept)
+        self.examples = kept.shape[0]
+        self.keys = [self._gathered(keys, index) for keys in self.keys]
+        self.values = [self._gathered(values, index) for values in self.values]
+        self.spare_keys = [torch.empty_like(keys) for keys in self.keys]
+        self.spare_values = [torch.empty_like(values) for values in self.values]
+
+    def _gathered(self, cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        out = cache.new_empty((cache.shape[0], index.shape[0], *cache.shape[2:]))
+        out[: self.length] = cache[: self.length].index_select(1, index)
+        return out
+
+    # ------------------------------------------------------------------ step
+
+    def _allocate(self, rows: int, device: torch.device) -> None:
+        shape = (self.capacity, rows, self.heads, self.head_size)
+        for buffers in (self.keys, self.values, self.spare_keys, self.spare_values):
+            buffers[:] = [torch.empty(shape, dtype=self.dtype, device=device) for _ in self.blocks]
+
+    def _grow(self) -> None:
+        """More positions than ``max_length`` (a stopping rule of the caller's): double the buffers."""
+        self.capacity *= 2
+        for buffers in (self.keys, self.values, self.spare_keys, self.spare_values):
+            for layer, old in enumerate(buffers):
+                new = old.new_empty((self.capacity, *old.shape[1:]))
+                new[: self.length] = old[: self.length]
+                buffers[layer] = new
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One position for every row: tokens ``[R]`` -> logits ``[R, V]`` (float32); the cache grows by one."""
+        if self.length == self.capacity:
+            self._grow()
+        position, rows = self.length, tokens.shape[0]
+        per_example = rows // self.examples
+        hidden = self.model.decoder.embed_tokens(tokens)  # [R, D]
+        bias = self.bias_module.compute_bias(1, position + 1, device=tokens.device, past_seen_tokens=position)
+        bias = bias.view(1, self.heads, 1, position + 1)  # [1, H, 1, t]
+        for layer, block in enumerate(self.blocks):
+            hidden = self._self_attention(block.layer[0], hidden, bias, layer, position)
+            hidden = self._cross_attention(block.layer[1], hidden, layer, per_example)
+            hidden = block.layer[2](hidden)
+        hidden = self.model.decoder.final_layer_norm(hidden)
+        if self.scale is not None:
+            hidden = hidden * self.scale
+        self.length += 1
+        return self.model.lm_head(hidden).float()
+
+    def _self_attention(self, sublayer: Any, hidden: torch.Tensor, bias: torch.Tensor, layer: int,
+                        position: int) -> torch.Tensor:
+        attention = sublayer.SelfAttention
+        normed = sublayer.layer_norm(hidden)
+        rows, heads, size = hidden.shape[0], self.heads, self.head_size
+        self.keys[layer][position] = attention.k(normed).view(rows, heads, size)
+        self.values[layer][position] = attention.v(normed).view(rows, heads, size)
+        query = attention.q(normed).view(rows, 1, heads, size).transpose(1, 2)  # [N, H, 1, d]
+        keys = self.keys[layer][: position + 1].permute(1, 2, 0, 3)  # [N, H, t, d]
+        values = self.values[layer][: position + 1].permute(1, 2, 0, 3)
+        mixed = self.attend(query, keys, values, bias).view(rows, heads * size)
+        return hidden + attention.o(mixed)
+
+    def _cross_attention(self, sublayer: Any, hidden: torch.Tensor, layer: int, per_example: int) -> torch.Tensor:
+        attention = sublayer.EncDecAttention
+        normed = sublayer.layer_norm(hidden)
+        examples, heads, size = self.examples, self.heads, self.head_size
+        query = attention.q(normed).view(examples, per_example, heads, size).transpose(1, 2)  # [B, H, K, d]
+        keys = self.cross_keys[layer].view(examples, heads, size, -1).transpose(2, 3)
+        values = self.cross_values[layer].view(examples, heads, -1, size)
+        mask = self.source_bias if self.source_bias is not None else self.zero_bias
+        mixed = self.attend(query, keys, values, mask).transpose(1, 2).reshape(-1, heads * size)
+        return hidden + attention.o(mixed)
+
+    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The first call: the given tokens ``[N, t0]`` of each example once, then the cache copied to its rows."""
+        expansion = self.expansion
+        rows = tokens.shape[0]
+        if expansion is None:
+            expansion = torch.arange(rows, device=tokens.device)
+        first = torch.searchsorted(expansion, torch.arange(self.examples, device=expansion.device))
+        tokens = tokens.index_select(0, first)  # [B, t0]: one row per example
+        self._allocate(self.examples, tokens.device)
+        for column in range(tokens.shape[1]):
+            logits = self.forward(tokens[:, column])
+        self.keys = [self._gathered(keys, expansion) for keys in self.keys]
+        self.values = [self._gathered(values, expansion) for values in self.values]
+        self.spare_keys = [torch.empty_like(keys) for keys in self.keys]
+        self.spare_values = [torch.empty_like(values) for values in self.values]
+        self.rows_per_example = rows // self.examples
+        self.expansion = None
+        return logits.index_select(0, expansion)
+
+
+def lean_t5_step(tokens: torch.Tensor, state: LeanT5State) -> tuple[torch.Tensor, LeanT5State]:
+    """The step function: the whole decoder prompt first (once per example), then the last token of each row."""
+    if state.length == 0:
+        return state.prefill(tokens), state
+    return state.forward(tokens[:, -1]), state

@@ -1,0 +1,163 @@
+"""The lean T5 step (``adapters/hf_t5.py``): equal to transformers and to the generic step, encoder state
+shared by an example's beams, and a clear refusal where it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import beamsearch
+from beamsearch.adapters import hf as hf_adapter
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 48
+
+
+def t5(gated: bool = False, tied: bool = False, seed: int = 0, model_type: str = "t5"):
+    """A small random T5 (or mT5) with peaked, input-dependent next-token distributions."""
+    config_class = transformers.MT5Config if model_type == "mt5" else transformers.T5Config
+    model_class = transformers.MT5ForConditionalGeneration if model_type == "mt5" else \
+        transformers.T5ForConditionalGeneration
+    config = config_class(vocab_size=VOCAB, d_model=24, d_kv=8, d_ff=40, num_layers=2, num_decoder_layers=2,
+                          num_heads=3, feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=tied,
+                          relative_attention_num_buckets=8, relative_attention_max_distance=12, pad_token_id=0,
+                          eos_token_id=1, decoder_start_token_id=0)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.4)
+    return model
+
+
+def inputs(batch: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (batch, 9), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch):  # right padding of varied length
+        cut = row % 5
+        if cut:
+            ids[row, -cut:], mask[row, -cut:] = 0, 0
+    return ids, mask
+
+
+CASES = [
+    dict(num_beams=1),
+    dict(num_beams=4, num_return_sequences=2),
+    dict(num_beams=5, early_stopping=True, length_penalty=0.5),
+    dict(num_beams=3, early_stopping="never", no_repeat_ngram_size=2),
+    dict(num_beams=1, do_sample=True, top_k=5, num_return_sequences=2),
+    dict(num_beams=3, do_sample=True, temperature=0.7),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("variant", ["relu", "gated-tied", "mt5"])
+def test_lean_step_equals_transformers(case: int, variant: str) -> None:
+    model = t5(gated=variant != "relu", tied=variant == "gated-tied", seed=case,
+               model_type="mt5" if variant == "mt5" else "t5")
+    ids, mask = inputs(5, seed=case)
+    kwargs = dict(CASES[case], max_new_tokens=14, return_dict_in_generate=True, output_scores=case % 2 == 0)
+    kwargs.setdefault("do_sample", False)
+    torch.manual_seed(7)
+    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    torch.manual_seed(7)
+    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    if kwargs.get("num_beams", 1) > 1:
+        torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
+    if kwargs["output_scores"]:
+        for mine, theirs in zip(got.scores, expected.scores, strict=True):
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+
+
+def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> None:
+    model = t5(seed=3)
+    ids, mask = inputs(6, seed=3)
+    calls = []
+    original = hf_adapter.lean_t5_step
+
+    def counting(tokens, state):
+        calls.append(tokens.shape)
+        return original(tokens, state)
+
+    monkeypatch.setattr(hf_adapter, "lean_t5_step", counting)
+    lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, num_beams=4, max_new_tokens=12)
+    assert calls, "the default did not use the lean step"
+    calls.clear()
+    generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, num_beams=4, max_new_tokens=12,
+                                      lean_step=False)
+    assert not calls
+    assert torch.equal(lean.sequences, generic.sequences)
+    torch.testing.assert_close(lean.scores, generic.scores, atol=1e-5, rtol=0)
+
+
+def test_decoder_prompt_of_several_tokens() -> None:
+    model = t5(seed=4)
+    ids, mask = inputs(3, seed=4)
+    start = torch.tensor([[0, 5, 9], [0, 7, 7], [0, 3, 11]])
+    kwargs = dict(num_beams=3, max_new_tokens=8, do_sample=False)
+    expected = model.generate(input_ids=ids, attention_mask=mask, decoder_input_ids=start, **kwargs)
+    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, decoder_input_ids=start, lean_step=True,
+                              **kwargs)
+    assert torch.equal(got, expected)
+
+
+def test_finished_examples_leave_the_lean_state() -> None:
+    """EOS made likely: examples finish at different steps and leave the batch (their cache rows too)."""
+    model = t5(seed=5)
+    with torch.no_grad():
+        model.lm_head.weight[1] *= 1.6
+    ids, mask = inputs(8, seed=5)
+    kwargs = dict(num_beams=3, max_new_tokens=20, early_stopping=True, do_sample=False)
+    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+    assert torch.equal(got, expected)
+    lengths = (expected != 0).sum(dim=1)
+    assert lengths.min() < lengths.max(), "the case does not finish examples at different steps"
+
+
+def test_encoder_state_is_flat_in_beams(monkeypatch) -> None:
+    """Cross-attention keys and values: one copy per example and head, whatever the beam size."""
+    model = t5(seed=6)
+    ids, mask = inputs(4, seed=6)
+    rows = {}
+    original = hf_adapter.lean_t5_step
+
+    def recording(tokens, state):
+        rows.setdefault(tokens.shape[0], state.cross_keys[0].shape)
+        return original(tokens, state)
+
+    monkeypatch.setattr(hf_adapter, "lean_t5_step", recording)
+    for beams in (1, 6):
+        beamsearch.generate(model, input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=3,
+                            do_sample=False)
+    assert rows[4] == rows[24] == (4 * 3, 8, 9)  # [B*H, d, S] for 4 rows (greedy) and 24 rows (beam 6)
+
+
+def test_quantized_model_runs_the_lean_step() -> None:
+    model = beamsearch.quantize_int8(t5(seed=8))
+    ids, mask = inputs(3, seed=8)
+    kwargs = dict(num_beams=3, max_new_tokens=10, do_sample=False)
+    lean = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+    generic = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
+    assert torch.equal(lean, generic)
+
+
+def test_lean_step_refusals() -> None:
+    model = t5()
+    ids, mask = inputs(2)
+    with pytest.raises(ValueError, match="lean_step must be None, True or False"):
+        beamsearch.generate(model, input_ids=ids, lean_step="yes", max_new_tokens=2)
+    with pytest.raises(ValueError, match="lean_step=True cannot run this call: decoder_attention_mask"):
+        beamsearch.generate(model, input_ids=ids, attention_mask=mask, decoder_input_ids=torch.zeros(2, 1).long(),
+                            decoder_attention_mask=torch.ones(2, 1).long(), lean_step=True, max_new_tokens=2)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2,
+                                                                 n_positions=32)).eval()
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not T5"):
+        beamsearch.generate(gpt2, input_ids=ids, lean_step=True, max_new_tokens=2)
+    model.train()
+    with pytest.raises(ValueError, match="training mode"):
+        beamsearch.generate(model, input_ids=ids, lean_step=True, max_new_tokens=2)
+    model.eval()
