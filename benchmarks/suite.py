@@ -6,13 +6,15 @@ One process, the same models and inputs for every engine; each engine is warmed 
 - HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments; ours-keep: the same with
   ``remove_finished=False`` (finished examples stay in the batch, as in transformers): the lever's effect;
   ours-generic: the same with ``lean_step=False`` (the generic step calling ``model(...)`` instead of the lean
-  T5 step): that lever's effect; ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU only; dynamic
-  int8 linear layers).
+  T5 step): that lever's effect; ours-shared: ``share_encoder_state=True`` (T5: an example's beams share one
+  copy of the cross-attention keys and values); ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU
+  only; dynamic int8 linear layers).
 - CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
   ``TransformersConverter`` (quantization float32 and int8), the same options in its names (beam_size,
   max/min decoding length, patience 1, length_penalty 1, return_end_token).
 - floor: the same model forwards with the KV cache and no search (prompt once per example, then B*K rows
-  for the number of steps our search took): the cost of the model alone.
+  for the number of steps our search took): the cost of the model alone, with the step ours uses (the lean
+  T5 step on T5 models, ``model(...)`` otherwise), so that ours/floor is the search's overhead.
 
 Models (``--models``): t5-small (random weights, d_model 512, 6+6 layers, vocab 32128, source 32, 48 new
 tokens, EOS suppressed so all engines return the same sequences), t5-small-eos (the same shape, EOS likely
@@ -49,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suite_engines as engines  # noqa: E402
 import suite_models as models  # noqa: E402
 
-ENGINES = ("hf", "ours", "ours-keep", "ours-generic", "ours-int8", "ct2-fp32", "ct2-int8", "floor")
+ENGINES = ("hf", "ours", "ours-keep", "ours-generic", "ours-shared", "ours-int8", "ct2-fp32", "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
          "lengths": "8,16,32"}
 FULL = {"models": ",".join(models.MODELS), "beams": "1,4,8", "batches": "1,16,64", "repeats": 3,
@@ -126,6 +128,9 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-generic" in args.engines:
         generic = engines.beamsearch_engine(workload, inputs, dict(kwargs, lean_step=False))
         row.timings["ours-generic"] = engines.timed(generic, args.repeats, args.device)
+    if "ours-shared" in args.engines and workload.lean_t5:
+        shared = engines.beamsearch_engine(workload, inputs, dict(kwargs, share_encoder_state=True))
+        row.timings["ours-shared"] = engines.timed(shared, args.repeats, args.device)
     if "ours-int8" in args.engines and args.device == "cpu":
         if workload.int8_model is None:
             workload.int8_model = beamsearch.quantize_int8(workload.model)
@@ -168,10 +173,10 @@ def _mem(timing: engines.Timing | None) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
-        " keep/ours | generic/ours | CT2/ours | int8/ours | ours-int8 s | CT2 int8/ours-int8 | ours/floor |"
-        " =HF ours | =HF CT2 | =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
-        " peak MiB HF/ours/CT2/int8/floor | ours tok/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        " keep/ours | generic/ours | shared/ours | CT2/ours | int8/ours | ours-int8 s | CT2 int8/ours-int8 |"
+        " ours/floor | =HF ours | =HF CT2 | =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
+        " peak MiB HF/ours/shared/CT2/int8/floor | ours tok/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         "---|---:|",
     ]
     for r in rows:
@@ -181,13 +186,14 @@ def table(rows: list[Row]) -> list[str]:
         def eq(engine: str, r=r) -> str:
             return f"{r.equal_hf[engine]}/{r.batch}" if engine in r.equal_hf else "-"
 
-        memory = "/".join(_mem(r.timings.get(e)) for e in ("hf", "ours", "ct2-fp32", "ct2-int8", "floor"))
+        memory = "/".join(_mem(r.timings.get(e)) for e in ("hf", "ours", "ours-shared", "ct2-fp32", "ct2-int8",
+                                                            "floor"))
         exact = "-" if r.ct2_exact is None else f"{r.ct2_exact}/{r.batch}"
         lines.append(
             f"| {r.model} | {search} | {r.batch} | {r.steps} | {_fmt_s(r.seconds('hf'))} | {_fmt_s(ours)} |"
             f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
             f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ours-keep'), ours)} |"
-            f" {_ratio(r.seconds('ours-generic'), ours)} |"
+            f" {_ratio(r.seconds('ours-generic'), ours)} | {_ratio(r.seconds('ours-shared'), ours)} |"
             f" {_ratio(r.seconds('ct2-fp32'), ours)} |"
             f" {_ratio(r.seconds('ct2-int8'), ours)} | {_fmt_s(r.seconds('ours-int8'))} |"
             f" {_ratio(r.seconds('ct2-int8'), r.seconds('ours-int8'))} | {_ratio(ours, r.seconds('floor'))} |"
@@ -311,6 +317,8 @@ def main(argv=None) -> None:
     report += ["", "HF/ours, CT2/ours, int8/ours: the other engine's time over ours (above 1: ours is faster);"
                " keep/ours: ours without removing finished examples (remove_finished=False) over ours;"
                " generic/ours: ours with the generic model step (lean_step=False) over ours;"
+               " shared/ours: ours with share_encoder_state=True (one copy of the encoder state per example) over"
+               " ours;"
                " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
                " time over it;"
                " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"

@@ -30,6 +30,7 @@ import torch
 
 import beamsearch
 from beamsearch.adapters.hf import search_model
+from beamsearch.adapters.hf_t5 import LeanT5State
 
 
 def cut_after_eos(tokens: list[int], eos: int) -> list[int]:
@@ -205,7 +206,8 @@ def count_forwards(model: torch.nn.Module, run: Callable[[], object]) -> int:
 def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable[[], list[list[int]]]:
     """The same model forwards with the KV cache and no search: the prompt (encoder, first decoder step, or
     the decoder-only prefill) once per example, then ``steps - 1`` steps of B*K rows, each feeding the row's
-    argmax. No log-softmax, top-k, beam bookkeeping or cache reordering."""
+    argmax. No log-softmax, top-k, beam bookkeeping or cache reordering. On T5 models it runs the lean T5
+    step, as ours does, so that ours/floor is the search's overhead."""
     from transformers.modeling_outputs import BaseModelOutput
 
     model, k = workload.model, num_beams
@@ -255,7 +257,23 @@ def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable
             tokens.append(token)
         return torch.cat(tokens, 1)
 
-    body = run_encoder_decoder if workload.encoder_decoder else run_decoder_only
+    @torch.no_grad()
+    def run_lean_t5():  # the same step as ours on T5: the lean decoder step, without search or reorder
+        hidden = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        state = LeanT5State(model, hidden, mask, steps + 1)
+        state.reorder(torch.arange(size, device=ids.device).repeat_interleave(k))
+        start = torch.full((size * k, 1), workload.start_token_id, dtype=torch.long, device=ids.device)
+        token = state.prefill(start).argmax(-1)
+        tokens = [token]
+        for _ in range(steps - 1):
+            token = state.forward(token).argmax(-1)
+            tokens.append(token)
+        return torch.stack(tokens, 1)
+
+    if workload.encoder_decoder:
+        body = run_lean_t5 if workload.lean_t5 else run_encoder_decoder
+    else:
+        body = run_decoder_only
 
     def run():
         tokens = body()

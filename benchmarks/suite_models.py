@@ -53,6 +53,13 @@ class Workload:
     notes: list[str] = field(default_factory=list)
     int8_model: torch.nn.Module | None = None  # beamsearch.quantize_int8(model), made on first use
 
+    @property
+    def lean_t5(self) -> bool:
+        """Whether beamsearch runs this model with the lean T5 step."""
+        from beamsearch.adapters.hf_t5 import lean_t5_reason
+
+        return lean_t5_reason(self.model, {"encoder_outputs": True}, needs_attention=False) is None
+
     def batch(self, size: int, device: str) -> dict[str, torch.Tensor]:
         """The first ``size`` inputs, padded (right for encoders, left for decoder-only prompts)."""
         chosen = [self.sources[i % len(self.sources)] for i in range(size)]

@@ -118,22 +118,46 @@ def test_finished_examples_leave_the_lean_state() -> None:
     assert lengths.min() < lengths.max(), "the case does not finish examples at different steps"
 
 
-def test_encoder_state_is_flat_in_beams(monkeypatch) -> None:
-    """Cross-attention keys and values: one copy per example and head, whatever the beam size."""
+def test_lean_step_logits_are_bitwise_those_of_transformers() -> None:
+    """Same kernels on the same layouts: not merely close (a chaotic model would amplify any rounding)."""
+    model = t5(seed=9)
+    ids, mask = inputs(4, seed=9)
+    kwargs = dict(num_beams=4, max_new_tokens=10, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+    for mine, theirs in zip(got.scores, expected.scores, strict=True):
+        assert torch.equal(mine, theirs)
+
+
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_shared_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> None:
+    """``share_encoder_state=True``: cross-attention keys and values once per example whatever the beam size;
+    the results equal transformers' (tokens; scores to float rounding), finished examples leaving included."""
     model = t5(seed=6)
+    with torch.no_grad():
+        model.lm_head.weight[1] *= 1.5
     ids, mask = inputs(4, seed=6)
     rows = {}
     original = hf_adapter.lean_t5_step
 
     def recording(tokens, state):
-        rows.setdefault(tokens.shape[0], state.cross_keys[0].shape)
-        return original(tokens, state)
+        out = original(tokens, state)
+        rows.setdefault(tokens.shape[0], tuple(state.cross_keys[0].shape))  # after the step: expanded or not
+        return out
 
     monkeypatch.setattr(hf_adapter, "lean_t5_step", recording)
     for beams in (1, 6):
-        beamsearch.generate(model, input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=3,
-                            do_sample=False)
-    assert rows[4] == rows[24] == (4 * 3, 8, 9)  # [B*H, d, S] for 4 rows (greedy) and 24 rows (beam 6)
+        kwargs = dict(num_beams=beams, max_new_tokens=16, do_sample=False, early_stopping=early_stopping,
+                      return_dict_in_generate=True, output_scores=beams == 1)
+        expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, share_encoder_state=True, **kwargs)
+        assert torch.equal(got.sequences, expected.sequences)
+        if beams > 1:
+            torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
+    assert rows[4] == rows[24] == (4, 3, 9, 8)  # [B, H, S, d] for 4 rows (greedy) and 24 rows (beam 6)
+    rows.clear()
+    beamsearch.generate(model, input_ids=ids, attention_mask=mask, num_beams=6, max_new_tokens=3, do_sample=False)
+    assert rows == {24: (24, 3, 9, 8)}  # by default one copy per row, as transformers computes it
 
 
 def test_quantized_model_runs_the_lean_step() -> None:
@@ -157,6 +181,12 @@ def test_lean_step_refusals() -> None:
                                                                  n_positions=32)).eval()
     with pytest.raises(ValueError, match="model_type 'gpt2' is not T5"):
         beamsearch.generate(gpt2, input_ids=ids, lean_step=True, max_new_tokens=2)
+    with pytest.raises(ValueError, match="share_encoder_state=True needs the lean T5 step"):
+        beamsearch.generate(model, input_ids=ids, lean_step=False, share_encoder_state=True, max_new_tokens=2)
+    with pytest.raises(ValueError, match="share_encoder_state=True .* model_type 'gpt2' is not T5"):
+        beamsearch.generate(gpt2, input_ids=ids, share_encoder_state=True, max_new_tokens=2)
+    with pytest.raises(ValueError, match="share_encoder_state must be True or False"):
+        beamsearch.generate(model, input_ids=ids, share_encoder_state=1, max_new_tokens=2)
     model.train()
     with pytest.raises(ValueError, match="training mode"):
         beamsearch.generate(model, input_ids=ids, lean_step=True, max_new_tokens=2)

@@ -179,13 +179,14 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     ranking = {name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs}
     output_alignments = bool(kwargs.pop("output_alignments", False))
     force_words_ids = kwargs.pop("force_words_ids", None)
-    lean_step = kwargs.pop("lean_step", None)
+    lean = {"lean_step": kwargs.pop("lean_step", None),
+            "share_encoder_state": kwargs.pop("share_encoder_state", False)}
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
     options = _options_from_config(config, toolkit, setup["has_default_max_length"])
     needs_attention = options.coverage_penalty != "none" or output_alignments
-    step, state = _model_step(model, setup["model_kwargs"], config, options, lean_step, needs_attention)
+    step, state = _model_step(model, setup["model_kwargs"], config, options, needs_attention, **lean)
     result = search(
         step,
         setup["input_ids"],
@@ -207,19 +208,26 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     return result, config, options
 
 
-def _model_step(model, model_kwargs, config, options, lean_step, needs_attention):
+def _model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False):
     """The step function and state: the lean T5 step where it applies (``lean_step`` None or True), else the
-    generic one that calls ``model(...)``."""
-    if lean_step not in (None, True, False):
+    generic one that calls ``model(...)``. ``share_encoder_state`` (lean step only): an example's beams query one
+    copy of the cross-attention keys and values instead of one copy each."""
+    if lean_step is not None and not isinstance(lean_step, bool):
         raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
+    if not isinstance(share_encoder_state, bool):
+        raise ValueError(f"share_encoder_state must be True or False, got {share_encoder_state!r}")
     if lean_step is not False:
         reason = lean_t5_reason(model, model_kwargs, needs_attention)
         if reason is None:
             encoded = model_kwargs["encoder_outputs"].last_hidden_state
-            state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length)
+            state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length,
+                                share_encoder_state=share_encoder_state)
             return lean_t5_step, state
-        if lean_step:
-            raise ValueError(f"lean_step=True cannot run this call: {reason}")
+        if lean_step or share_encoder_state:
+            option = "lean_step=True" if lean_step else "share_encoder_state=True (it needs the lean T5 step)"
+            raise ValueError(f"{option} cannot run this call: {reason}")
+    elif share_encoder_state:
+        raise ValueError("share_encoder_state=True needs the lean T5 step, and lean_step=False was given")
     state = HFState(model, model_kwargs, config)
     if needs_attention:
         _request_cross_attention(model, state)

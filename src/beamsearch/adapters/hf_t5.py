@@ -69,12 +69,14 @@ def _output_scale(model: Any) -> float | None:
 class LeanT5State:
     """Decoder state of a T5 model between steps, reordered by the engine like any state.
 
-    Per example: cross-attention keys ``[B*H, d, S]`` and values ``[B*H, S, d]`` of every layer and the
-    additive source mask ``[B, 1, 1, S]``. Per row: the self-attention keys and values ``[T, N, H, d]`` of
-    every layer (filled up to ``length``), plus a spare buffer of the same shape for reorders.
+    Cross-attention keys and values ``[C, H, S, d]`` of every layer and the additive source mask
+    ``[C, 1, 1, S]``, where C is B (``share_encoder_state``: an example's K rows query one copy) or N (one copy
+    per row, as transformers computes it). Per row: the self-attention keys and values ``[T, N, H, d]`` of every
+    layer (filled up to ``length``), plus a spare buffer of the same shape for reorders.
     """
 
-    def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int):
+    def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
+                 share_encoder_state: bool = False):
         self.model = model
         self.blocks = list(model.decoder.block)
         attention = self.blocks[0].layer[0].SelfAttention
@@ -84,21 +86,18 @@ class LeanT5State:
         self.capacity = max_length
         self.dtype = encoder_hidden.dtype
         self.sdpa = model.config._attn_implementation == "sdpa"
+        self.share_encoder_state = share_encoder_state
         self.examples = encoder_hidden.shape[0]
-        self.cross_keys, self.cross_values = [], []
-        for block in self.blocks:
-            cross = block.layer[1].EncDecAttention
-            keys = self._heads(cross.k(encoder_hidden))  # [B, H, S, d]
-            values = self._heads(cross.v(encoder_hidden))
-            self.cross_keys.append(keys.transpose(2, 3).reshape(-1, self.head_size, keys.shape[2]))  # [B*H, d, S]
-            self.cross_values.append(values.reshape(-1, values.shape[2], self.head_size))  # [B*H, S, d]
-        self.source_bias = None
-        if source_mask is not None and not bool(source_mask.all()):
+        self.cross_keys = [self._heads(b.layer[1].EncDecAttention.k(encoder_hidden)) for b in self.blocks]
+        self.cross_values = [self._heads(b.layer[1].EncDecAttention.v(encoder_hidden)) for b in self.blocks]
+        self.padded = source_mask is not None and not bool(source_mask.all())
+        if self.padded:
             blocked = source_mask[:, None, None, :] == 0  # [B, 1, 1, S]
             self.source_bias = torch.zeros(blocked.shape, dtype=self.dtype, device=blocked.device)
             self.source_bias.masked_fill_(blocked, torch.finfo(self.dtype).min)
-        self.zero_bias = torch.zeros((1, self.heads, 1, encoder_hidden.shape[1]), dtype=self.dtype,
-                                     device=encoder_hidden.device)
+        else:  # transformers' cross-attention bias without padding: zeros
+            self.source_bias = torch.zeros((1, self.heads, 1, encoder_hidden.shape[1]), dtype=self.dtype,
+                                           device=encoder_hidden.device)
         self.keys: list[torch.Tensor] = []  # per layer [T, N, H, d]; allocated by the first step
         self.values: list[torch.Tensor] = []
         self.spare_keys: list[torch.Tensor] = []
@@ -116,9 +115,16 @@ class LeanT5State:
         return torch.matmul(weights, values)
 
     def _heads(self, projected: torch.Tensor) -> torch.Tensor:
-        """``[B, S, H*d]`` -> ``[B, H, S, d]``."""
+        """``[B, S, H*d]`` -> ``[B, H, S, d]`` (contiguous, as the attention kernels see transformers' keys)."""
         batch, length = projected.shape[:2]
-        return projected.view(batch, length, self.heads, self.head_size).transpose(1, 2)
+        return projected.view(batch, length, self.heads, self.head_size).transpose(1, 2).contiguous()
+
+    def _select_cross(self, index: torch.Tensor) -> None:
+        """Keep the cross-attention rows ``index`` (in that order)."""
+        self.cross_keys = [keys.index_select(0, index) for keys in self.cross_keys]
+        self.cross_values = [values.index_select(0, index) for values in self.cross_values]
+        if self.padded:
+            self.source_bias = self.source_bias.index_select(0, index)
 
     # ------------------------------------------------------------------ reorder
 
@@ -140,14 +146,11 @@ class LeanT5State:
 
     def _drop_examples(self, index: torch.Tensor) -> None:
         per_example = self.rows_per_example
-        kept = index[::per_example] // per_example  # [B'] examples in their new order
-        heads = self.heads
-        head_rows = (kept[:, None] * heads + torch.arange(heads, device=kept.device)).reshape(-1)  # [B'*H]
-        self.cross_keys = [keys.index_select(0, head_rows) for keys in self.cross_keys]
-        self.cross_values = [values.index_select(0, head_rows) for values in self.cross_values]
-        if self.source_bias is not None:
-            self.source_bias = self.source_bias.index_select(0, kept)
-        self.examples = kept.shape[0]
+        if self.share_encoder_state:
+            self._select_cross(index[::per_example] // per_example)  # [B'] examples in their new order
+        else:
+            self._select_cross(index)
+        self.examples = index.shape[0] // per_example
         self.keys = [self._gathered(keys, index) for keys in self.keys]
         self.values = [self._gathered(values, index) for values in self.values]
         self.spare_keys = [torch.empty_like(keys) for keys in self.keys]
@@ -179,13 +182,13 @@ class LeanT5State:
         if self.length == self.capacity:
             self._grow()
         position, rows = self.length, tokens.shape[0]
-        per_example = rows // self.examples
+        queries_per_key = rows // self.cross_keys[0].shape[0]  # K with a shared encoder state, else 1
         hidden = self.model.decoder.embed_tokens(tokens)  # [R, D]
         bias = self.bias_module.compute_bias(1, position + 1, device=tokens.device, past_seen_tokens=position)
         bias = bias.view(1, self.heads, 1, position + 1)  # [1, H, 1, t]
         for layer, block in enumerate(self.blocks):
             hidden = self._self_attention(block.layer[0], hidden, bias, layer, position)
-            hidden = self._cross_attention(block.layer[1], hidden, layer, per_example)
+            hidden = self._cross_attention(block.layer[1], hidden, layer, queries_per_key)
             hidden = block.layer[2](hidden)
         hidden = self.model.decoder.final_layer_norm(hidden)
         if self.scale is not None:
@@ -206,16 +209,14 @@ class LeanT5State:
         mixed = self.attend(query, keys, values, bias).view(rows, heads * size)
         return hidden + attention.o(mixed)
 
-    def _cross_attention(self, sublayer: Any, hidden: torch.Tensor, layer: int, per_example: int) -> torch.Tensor:
+    def _cross_attention(self, sublayer: Any, hidden: torch.Tensor, layer: int, queries_per_key: int) -> torch.Tensor:
         attention = sublayer.EncDecAttention
         normed = sublayer.layer_norm(hidden)
-        examples, heads, size = self.examples, self.heads, self.head_size
-        query = attention.q(normed).view(examples, per_example, heads, size).transpose(1, 2)  # [B, H, K, d]
-        keys = self.cross_keys[layer].view(examples, heads, size, -1).transpose(2, 3)
-        values = self.cross_values[layer].view(examples, heads, -1, size)
-        mask = self.source_bias if self.source_bias is not None else self.zero_bias
-        mixed = self.attend(query, keys, values, mask).transpose(1, 2).reshape(-1, heads * size)
-        return hidden + attention.o(mixed)
+        keys, values = self.cross_keys[layer], self.cross_values[layer]  # [C, H, S, d]
+        heads, size = self.heads, self.head_size
+        query = attention.q(normed).view(keys.shape[0], queries_per_key, heads, size).transpose(1, 2)  # [C, H, q, d]
+        mixed = self.attend(query, keys, values, self.source_bias)  # [C, H, q, d]
+        return hidden + attention.o(mixed.transpose(1, 2).reshape(-1, heads * size))
 
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
         """The first call: the given tokens ``[N, t0]`` of each example once, then the cache copied to its rows."""
@@ -233,6 +234,8 @@ class LeanT5State:
         self.spare_keys = [torch.empty_like(keys) for keys in self.keys]
         self.spare_values = [torch.empty_like(values) for values in self.values]
         self.rows_per_example = rows // self.examples
+        if not self.share_encoder_state:
+            self._select_cross(expansion)
         self.expansion = None
         return logits.index_select(0, expansion)
 
