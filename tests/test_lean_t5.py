@@ -160,6 +160,29 @@ def test_shared_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> N
     assert rows == {24: (24, 3, 9, 8)}  # by default one copy per row, as transformers computes it
 
 
+def test_cache_grows_past_its_capacity() -> None:
+    """A state sized for 2 positions decoding 7 (a caller's stopping rule beyond max_length) doubles its
+    buffers and gives the logits of a state sized for all of them."""
+    from beamsearch.adapters.hf_t5 import LeanT5State
+
+    model = t5(seed=10)
+    ids, mask = inputs(3, seed=10)
+    with torch.no_grad():
+        hidden = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        states = [LeanT5State(model, hidden, mask, capacity) for capacity in (2, 8)]
+        rows = torch.arange(3).repeat_interleave(2)  # 2 rows per example
+        logits = []
+        for state in states:
+            state.reorder(rows)
+            steps = [state.prefill(torch.zeros(6, 1, dtype=torch.long))]
+            for position in range(6):
+                state.reorder(torch.tensor([1, 0, 2, 2, 5, 4]))  # rows move within their example
+                steps.append(state.forward(torch.full((6,), 3 + position)))
+            logits.append(torch.stack(steps))
+    assert states[0].capacity == 8
+    assert torch.equal(logits[0], logits[1])
+
+
 def test_quantized_model_runs_the_lean_step() -> None:
     model = beamsearch.quantize_int8(t5(seed=8))
     ids, mask = inputs(3, seed=8)

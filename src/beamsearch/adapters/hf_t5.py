@@ -72,7 +72,8 @@ class LeanT5State:
     Cross-attention keys and values ``[C, H, S, d]`` of every layer and the additive source mask
     ``[C, 1, 1, S]``, where C is B (``share_encoder_state``: an example's K rows query one copy) or N (one copy
     per row, as transformers computes it). Per row: the self-attention keys and values ``[T, N, H, d]`` of every
-    layer (filled up to ``length``), plus a spare buffer of the same shape for reorders.
+    layer (filled up to ``length``), plus one spare buffer of that shape that each reorder gathers into and swaps
+    with the buffer it reordered (so 2L + 1 buffers, not 4L)
     """
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
@@ -100,8 +101,7 @@ class LeanT5State:
                                            device=encoder_hidden.device)
         self.keys: list[torch.Tensor] = []  # per layer [T, N, H, d]; allocated by the first step
         self.values: list[torch.Tensor] = []
-        self.spare_keys: list[torch.Tensor] = []
-        self.spare_values: list[torch.Tensor] = []
+        self.spare: torch.Tensor | None = None
         self.length = 0
         self.rows_per_example = 1
         self.expansion: torch.Tensor | None = None  # [N] example of each row, until the first step applies it
@@ -138,10 +138,9 @@ class LeanT5State:
             return self
         filled = self.length
         for layer in range(len(self.blocks)):
-            torch.index_select(self.keys[layer][:filled], 1, index, out=self.spare_keys[layer][:filled])
-            torch.index_select(self.values[layer][:filled], 1, index, out=self.spare_values[layer][:filled])
-            self.keys[layer], self.spare_keys[layer] = self.spare_keys[layer], self.keys[layer]
-            self.values[layer], self.spare_values[layer] = self.spare_values[layer], self.values[layer]
+            for buffers in (self.keys, self.values):
+                torch.index_select(buffers[layer][:filled], 1, index, out=self.spare[:filled])
+                buffers[layer], self.spare = self.spare, buffers[layer]
         return self
 
     def _drop_examples(self, index: torch.Tensor) -> None:
@@ -153,8 +152,7 @@ class LeanT5State:
         self.examples = index.shape[0] // per_example
         self.keys = [self._gathered(keys, index) for keys in self.keys]
         self.values = [self._gathered(values, index) for values in self.values]
-        self.spare_keys = [torch.empty_like(keys) for keys in self.keys]
-        self.spare_values = [torch.empty_like(values) for values in self.values]
+        self.spare = torch.empty_like(self.keys[0])
 
     def _gathered(self, cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         out = cache.new_empty((cache.shape[0], index.shape[0], *cache.shape[2:]))
@@ -165,17 +163,19 @@ class LeanT5State:
 
     def _allocate(self, rows: int, device: torch.device) -> None:
         shape = (self.capacity, rows, self.heads, self.head_size)
-        for buffers in (self.keys, self.values, self.spare_keys, self.spare_values):
+        for buffers in (self.keys, self.values):
             buffers[:] = [torch.empty(shape, dtype=self.dtype, device=device) for _ in self.blocks]
 
     def _grow(self) -> None:
         """More positions than ``max_length`` (a stopping rule of the caller's): double the buffers."""
         self.capacity *= 2
-        for buffers in (self.keys, self.values, self.spare_keys, self.spare_values):
+        for buffers in (self.keys, self.values):
             for layer, old in enumerate(buffers):
                 new = old.new_empty((self.capacity, *old.shape[1:]))
                 new[: self.length] = old[: self.length]
                 buffers[layer] = new
+        if self.spare is not None:
+            self.spare = torch.empty_like(self.keys[0])
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """One position for every row: tokens ``[R]`` -> logits ``[R, V]`` (float32); the cache grows by one."""
@@ -231,8 +231,7 @@ class LeanT5State:
             logits = self.forward(tokens[:, column])
         self.keys = [self._gathered(keys, expansion) for keys in self.keys]
         self.values = [self._gathered(values, expansion) for values in self.values]
-        self.spare_keys = [torch.empty_like(keys) for keys in self.keys]
-        self.spare_values = [torch.empty_like(values) for values in self.values]
+        self.spare = torch.empty_like(self.keys[0])
         self.rows_per_example = rows // self.examples
         if not self.share_encoder_state:
             self._select_cross(expansion)
