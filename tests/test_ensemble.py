@@ -76,6 +76,27 @@ def test_seq2seq_ensemble_matches_uncached_oracle(family, options, mode, weights
     assert_same(got, oracle_seq2seq(models, ids, mask, mode, weights, **common))
 
 
+SEARCH_ARGUMENTS = [
+    dict(prefix_allowed_tokens_fn=lambda batch_id, tokens: list(range(1, 25)), unique=True),
+    dict(force_words_ids=[[7, 8]]),
+]
+
+
+@pytest.mark.parametrize("lean_step", [None, False])
+@pytest.mark.parametrize("case", range(len(SEARCH_ARGUMENTS)))
+def test_ensemble_takes_the_search_arguments(lean_step, case):
+    """Arguments that are the search's, not transformers' (allowed tokens, a de-duplicated n-best, constraints),
+    reach the search for an ensemble as for one model; T5 members run the lean step or the generic one."""
+    models = [tiny_model("t5", seed=0), tiny_model("t5", seed=1)]
+    ids, mask = random_inputs(models[0], 4, torch.Generator().manual_seed(6))
+    common = dict(SEARCH_ARGUMENTS[case], num_beams=4, num_return_sequences=3, max_new_tokens=10, eos_token_id=1,
+                  pad_token_id=0)
+    got = search_ensemble(models, input_ids=ids, attention_mask=mask, lean_step=lean_step, **common)
+    assert_same(got, oracle_seq2seq(models, ids, mask, "log", [1.0, 1.0], **common))
+    if case == 0:
+        assert int(got.sequences.max()) < 25
+
+
 @pytest.mark.parametrize(("options", "mode", "weights"), CASES[:3])
 def test_decoder_only_ensemble_matches_uncached_oracle(options, mode, weights):
     models = [tiny_model("gpt2", seed=0), tiny_model("gpt2", seed=1)]

@@ -172,20 +172,11 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
             raise ValueError(f"generate() argument {name!r} is not supported by beamsearch")
     if kwargs.pop("trust_remote_code", None):
         raise ValueError("beamsearch never enables trust_remote_code")
-    tokenizer = kwargs.pop("tokenizer", None)
-    allowed_fn = kwargs.pop("prefix_allowed_tokens_fn", None)
-    target_prefix = kwargs.pop("target_prefix", None)
-    prefix_bias_beta = kwargs.pop("prefix_bias_beta", 0.0)
-    ranking = {name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs}
-    output_alignments = bool(kwargs.pop("output_alignments", False))
-    force_words_ids = kwargs.pop("force_words_ids", None)
-    lean = {"lean_step": kwargs.pop("lean_step", None),
-            "share_encoder_state": kwargs.pop("share_encoder_state", False)}
-    toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
+    search_arguments, lean, toolkit = _pop_search_arguments(kwargs)
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
     options = _options_from_config(config, toolkit, setup["has_default_max_length"])
-    needs_attention = options.coverage_penalty != "none" or output_alignments
+    needs_attention = options.coverage_penalty != "none" or search_arguments["output_alignments"]
     step, state = _model_step(model, setup["model_kwargs"], config, options, needs_attention, **lean)
     result = search(
         step,
@@ -193,19 +184,34 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         state,
         logits_processor=list(logits_processor or ()),
         stopping_criteria=list(stopping_criteria or ()),
-        tokenizer=tokenizer,
         padding_lengths=setup["padding_lengths"],
         source_lengths=setup["source_lengths"],
         options=options,
         fill_token_id=_fill_token(config, options),
-        prefix_allowed_tokens_fn=allowed_fn,
-        target_prefix=target_prefix,
-        prefix_bias_beta=prefix_bias_beta,
-        **ranking,
-        output_alignments=output_alignments,
-        force_words_ids=force_words_ids,
+        **search_arguments,
     )
     return result, config, options
+
+
+def _pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Take the arguments that are ours, not transformers', out of ``kwargs``.
+
+    Returns the keyword arguments for :func:`beamsearch.search`, those for the model step (``lean_step``,
+    ``share_encoder_state``) and the other toolkits' options.
+    """
+    search_arguments = {
+        "tokenizer": kwargs.pop("tokenizer", None),
+        "prefix_allowed_tokens_fn": kwargs.pop("prefix_allowed_tokens_fn", None),
+        "target_prefix": kwargs.pop("target_prefix", None),
+        "prefix_bias_beta": kwargs.pop("prefix_bias_beta", 0.0),
+        "output_alignments": bool(kwargs.pop("output_alignments", False)),
+        "force_words_ids": kwargs.pop("force_words_ids", None),
+        **{name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs},
+    }
+    lean = {"lean_step": kwargs.pop("lean_step", None),
+            "share_encoder_state": kwargs.pop("share_encoder_state", False)}
+    toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
+    return search_arguments, lean, toolkit
 
 
 def _model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False):

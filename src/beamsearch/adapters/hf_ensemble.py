@@ -14,17 +14,8 @@ import torch
 
 from ..engine import search
 from ..ensemble import ensemble_step
-from ..options import TOOLKIT_OPTIONS
 from ..results import SearchResult
-from .hf import (
-    _REJECTED_ARGUMENTS,
-    HFState,
-    _fill_token,
-    _options_from_config,
-    _prepare,
-    _request_cross_attention,
-    hf_step,
-)
+from .hf import _REJECTED_ARGUMENTS, _fill_token, _model_step, _options_from_config, _pop_search_arguments, _prepare
 
 
 @torch.no_grad()
@@ -55,14 +46,10 @@ def search_ensemble(
     kinds = {bool(m.config.is_encoder_decoder) for m in models}
     if len(kinds) > 1:
         raise ValueError("an ensemble must be all encoder-decoder or all decoder-only models")
-    for name in (*_REJECTED_ARGUMENTS, "prefix_allowed_tokens_fn", "max_rows"):
+    for name in (*_REJECTED_ARGUMENTS, "max_rows"):
         if kwargs.get(name) is not None:
             raise ValueError(f"argument {name!r} is not supported with an ensemble")
-    tokenizer = kwargs.pop("tokenizer", None)
-    target_prefix = kwargs.pop("target_prefix", None)
-    output_alignments = bool(kwargs.pop("output_alignments", False))  # the models' attention, averaged
-    toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
-    step = ensemble_step([hf_step] * len(models), mode, weights)  # checks mode and weights first
+    search_arguments, lean, toolkit = _pop_search_arguments(kwargs)
     setups = [_prepare(model, inputs, generation_config, dict(kwargs)) for model in models]
     first = setups[0]
     for i, setup in enumerate(setups[1:], 1):
@@ -73,19 +60,16 @@ def search_ensemble(
     options = _options_from_config(config, toolkit, first["has_default_max_length"])
     if options.coverage_penalty != "none":
         raise ValueError("coverage penalties are not supported with an ensemble")
-    states = tuple(HFState(m, s["model_kwargs"], s["generation_config"]) for m, s in zip(models, setups, strict=True))
-    if output_alignments:
-        for model, state in zip(models, states, strict=True):
-            _request_cross_attention(model, state)
+    members = [_model_step(m, s["model_kwargs"], s["generation_config"], options,
+                           search_arguments["output_alignments"], **lean) for m, s in zip(models, setups, strict=True)]
+    step = ensemble_step([member_step for member_step, _ in members], mode, weights)
     return search(
         step,
         first["input_ids"],
-        states,
-        tokenizer=tokenizer,
+        tuple(state for _, state in members),
         padding_lengths=first["padding_lengths"],
         source_lengths=first["source_lengths"],
         options=options,
         fill_token_id=_fill_token(config, options),
-        target_prefix=target_prefix,
-        output_alignments=output_alignments,
+        **search_arguments,
     )
