@@ -589,3 +589,36 @@ def test_processor_list_is_a_callable_list():
     scores = torch.randn(3, 7)
     assert len(chain) == 2 and [type(p) for p in chain] == [bp.TemperatureLogitsWarper, bp.LogitNormalization]
     assert_same(chain(NO_IDS.expand(3, 1), scores), (scores / 2.0).log_softmax(-1))
+
+
+def test_owned_scores_are_masked_in_place_with_the_same_result():
+    from beamsearch.processors.pipeline import ProcessorList, process_owned
+
+    ids = torch.zeros(3, 2, dtype=torch.long)
+    processors = ProcessorList([bp.MinLengthLogitsProcessor(5, [1]), bp.MinNewTokensLengthLogitsProcessor(0, 4, [2]),
+                                bp.SuppressTokensLogitsProcessor([4]), bp.SuppressTokensAtBeginLogitsProcessor([6], 2)])
+    scores = torch.randn(3, 10)
+    want = processors(ids, scores.clone())
+    assert torch.isinf(want[:, [1, 2, 4, 6]]).all() and torch.isfinite(want[:, [0, 3, 5, 7, 8, 9]]).all()
+    owned = scores.clone()
+    got = process_owned(processors, ids, owned)
+    assert torch.equal(got, want)
+    assert got.data_ptr() == owned.data_ptr()  # masked in place, no [N, V] copy
+    assert torch.equal(processors(ids, scores), want) and not torch.isinf(scores).any()  # __call__ still copies
+
+
+def test_owned_scores_are_not_changed_in_place_after_a_user_processor():
+    from beamsearch.processors.pipeline import ProcessorList, process_owned
+
+    kept = []
+
+    def user(input_ids, scores):  # keeps a reference to what it returns
+        kept.append(scores)
+        return scores
+
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    scores = torch.randn(2, 8)
+    before = scores.clone()
+    got = process_owned(ProcessorList([user, bp.SuppressTokensLogitsProcessor([3])]), ids, scores)
+    assert torch.equal(kept[0], before)
+    assert torch.isinf(got[:, 3]).all()

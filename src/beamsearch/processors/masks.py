@@ -15,7 +15,32 @@ import torch
 from .base import NEG_INF, IdTensors, LogitsProcessor, VocabMasks, check_int, token_ids
 
 
-class MinLengthLogitsProcessor(LogitsProcessor):
+class _TokenMask(LogitsProcessor):
+    """A processor that masks the fixed ids of ``self._mask`` at the steps where ``_applies``.
+
+    ``mask_`` does it in place, for callers that own the scores (see ``pipeline.process_owned``); ``__call__``
+    never changes its input.
+    """
+
+    _mask: VocabMasks
+
+    def _applies(self, input_ids: torch.Tensor) -> bool:
+        return True
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
+        if not self._applies(input_ids):
+            return scores
+        return scores.masked_fill(self._mask.get(scores.shape[-1], scores.device), NEG_INF)
+
+    def mask_(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """As ``__call__``, but changes ``scores`` in place."""
+        if not self._applies(input_ids):
+            return scores
+        return scores.masked_fill_(self._mask.get(scores.shape[-1], scores.device), NEG_INF)
+
+
+class MinLengthLogitsProcessor(_TokenMask):
     """Mask the end-of-sequence ids while the total length (prompt included) is below ``min_length``.
 
     Args:
@@ -27,16 +52,13 @@ class MinLengthLogitsProcessor(LogitsProcessor):
     def __init__(self, min_length: int, eos_token_id: Any, device: Any = None):
         self.min_length = check_int("min_length", min_length, 0)
         self.eos_token_id = token_ids("eos_token_id", eos_token_id, allow_empty=True)
-        self._eos = VocabMasks(self.eos_token_id)
+        self._mask = VocabMasks(self.eos_token_id)
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
-        if input_ids.shape[-1] >= self.min_length:
-            return scores
-        return scores.masked_fill(self._eos.get(scores.shape[-1], scores.device), NEG_INF)
+    def _applies(self, input_ids: torch.Tensor) -> bool:
+        return input_ids.shape[-1] < self.min_length
 
 
-class MinNewTokensLengthLogitsProcessor(LogitsProcessor):
+class MinNewTokensLengthLogitsProcessor(_TokenMask):
     """Mask the end-of-sequence ids while fewer than ``min_new_tokens`` tokens follow the prompt.
 
     Args:
@@ -52,16 +74,13 @@ class MinNewTokensLengthLogitsProcessor(LogitsProcessor):
         self.prompt_length_to_skip = check_int("prompt_length_to_skip", prompt_length_to_skip, 0)
         self.min_new_tokens = check_int("min_new_tokens", min_new_tokens, 0)
         self.eos_token_id = token_ids("eos_token_id", eos_token_id, allow_empty=True)
-        self._eos = VocabMasks(self.eos_token_id)
+        self._mask = VocabMasks(self.eos_token_id)
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
-        if input_ids.shape[-1] - self.prompt_length_to_skip >= self.min_new_tokens:
-            return scores
-        return scores.masked_fill(self._eos.get(scores.shape[-1], scores.device), NEG_INF)
+    def _applies(self, input_ids: torch.Tensor) -> bool:
+        return input_ids.shape[-1] - self.prompt_length_to_skip < self.min_new_tokens
 
 
-class SuppressTokensLogitsProcessor(LogitsProcessor):
+class SuppressTokensLogitsProcessor(_TokenMask):
     """Mask a fixed set of tokens at every step.
 
     Args:
@@ -73,12 +92,8 @@ class SuppressTokensLogitsProcessor(LogitsProcessor):
         self.suppress_tokens = token_ids("suppress_tokens", suppress_tokens, allow_empty=True)
         self._mask = VocabMasks(self.suppress_tokens)
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
-        return scores.masked_fill(self._mask.get(scores.shape[-1], scores.device), NEG_INF)
 
-
-class SuppressTokensAtBeginLogitsProcessor(LogitsProcessor):
+class SuppressTokensAtBeginLogitsProcessor(_TokenMask):
     """Mask a fixed set of tokens at exactly one step: when ``t == begin_index``.
 
     Args:
@@ -98,11 +113,8 @@ class SuppressTokensAtBeginLogitsProcessor(LogitsProcessor):
         """Change the step at which the tokens are masked."""
         self.begin_index = check_int("begin_index", begin_index, 0)
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
-        if input_ids.shape[-1] != self.begin_index:
-            return scores
-        return scores.masked_fill(self._mask.get(scores.shape[-1], scores.device), NEG_INF)
+    def _applies(self, input_ids: torch.Tensor) -> bool:
+        return input_ids.shape[-1] == self.begin_index
 
 
 def _force(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,24 @@ class ProcessorList(list):
         return ProcessorList(processor.select_rows(index) for processor in self)
 
 
+def process_owned(processors: Processor, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Apply ``processors`` to scores that no one else holds (a fresh tensor of the caller's own).
+
+    Our fixed-token masks (min length, suppression) then mask in place instead of copying ``[N, V]``; the
+    result is the same. After a processor from outside this package the scores are no longer assumed private.
+    """
+    if not isinstance(processors, ProcessorList):
+        return processors(input_ids, scores)
+    owned = True
+    for processor in processors:
+        if owned and hasattr(processor, "mask_"):
+            scores = processor.mask_(input_ids, scores)
+        else:
+            scores = processor(input_ids, scores)
+            owned = owned and type(processor).__module__.startswith("beamsearch.")
+    return scores
+
+
 class SkipLeadingTokens:
     """A processor that sees each row's tokens without the first ``count`` (CTranslate2's n-gram blocking)."""
 

@@ -17,6 +17,7 @@ import torch
 
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
 from ..compaction import ActiveExamples
+from ..processors.pipeline import process_owned
 from ..ranking import PoolKeys, SequenceScorer, UniqueKey, score_candidates
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
@@ -99,7 +100,7 @@ class BeamSearch:
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
         """One step; returns the flat parent row of each new live beam, ``[N]`` (fewer rows once examples left)."""
         b = self.running_scores.shape[0]  # B': the active examples
-        log_probs = self.processors(self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
+        log_probs = process_owned(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
         self.trace.record(log_probs, logits)
         *candidates, parents = self._grow(unflatten_beams(log_probs, b))
         if self.keep_alignments:
