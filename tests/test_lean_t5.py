@@ -214,3 +214,18 @@ def test_lean_step_refusals() -> None:
     with pytest.raises(ValueError, match="training mode"):
         beamsearch.generate(model, input_ids=ids, lean_step=True, max_new_tokens=2)
     model.eval()
+
+
+def test_float16_model_equals_transformers() -> None:
+    """T5 clamps each sub-layer's output in float16; the lean step does the same."""
+    model = t5(seed=11)
+    with torch.no_grad():  # the first decoder feed-forward block overflows float16: the clamp decides the result
+        model.decoder.block[0].layer[2].DenseReluDense.wo.weight.mul_(30000.0)
+    model = model.half()
+    ids, mask = inputs(3, seed=11)
+    kwargs = dict(num_beams=3, max_new_tokens=8, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    for mine, theirs in zip(got.scores, expected.scores, strict=True):
+        assert torch.equal(mine, theirs)

@@ -66,6 +66,15 @@ def _output_scale(model: Any) -> float | None:
     return model.model_dim**-0.5 if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings) else None
 
 
+def _clamp_float16(hidden: torch.Tensor) -> torch.Tensor:
+    """T5's guard after each sub-layer in float16: clamp to the finite range (a little inside it after an inf)."""
+    if hidden.dtype != torch.float16:
+        return hidden
+    top = torch.finfo(hidden.dtype).max
+    bound = torch.where(torch.isinf(hidden).any(), top - 1000, top)
+    return torch.clamp(hidden, min=-bound, max=bound)
+
+
 class LeanT5State:
     """Decoder state of a T5 model between steps, reordered by the engine like any state.
 
@@ -187,9 +196,9 @@ class LeanT5State:
         bias = self.bias_module.compute_bias(1, position + 1, device=tokens.device, past_seen_tokens=position)
         bias = bias.view(1, self.heads, 1, position + 1)  # [1, H, 1, t]
         for layer, block in enumerate(self.blocks):
-            hidden = self._self_attention(block.layer[0], hidden, bias, layer, position)
-            hidden = self._cross_attention(block.layer[1], hidden, layer, queries_per_key)
-            hidden = block.layer[2](hidden)
+            hidden = _clamp_float16(self._self_attention(block.layer[0], hidden, bias, layer, position))
+            hidden = _clamp_float16(self._cross_attention(block.layer[1], hidden, layer, queries_per_key))
+            hidden = _clamp_float16(block.layer[2](hidden))
         hidden = self.model.decoder.final_layer_norm(hidden)
         if self.scale is not None:
             hidden = hidden * self.scale
