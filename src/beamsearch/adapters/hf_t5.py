@@ -7,8 +7,9 @@ layer norms, projections and feed-forward blocks directly and does the rest itse
 
 - the self-attention cache is preallocated time-major (``[T, N, H, d]`` per layer): a step writes one slice,
   and the beam reorder gathers only the filled part into a second buffer (one copy, no ``cat``);
-- the cross-attention keys and values are computed once per example (``[B*H, d, S]``), never copied to the
-  beams: an example's K queries attend to them in one batched product, so encoder memory is flat in K;
+- the cross-attention keys and values are computed once per example, then copied to its rows once (as
+  transformers does) and never reordered; with ``share_encoder_state`` they stay one copy per example and an
+  example's K queries attend to them in one batched call, so encoder memory is flat in K;
 - the relative position bias is the model's own ``compute_bias`` for the new position;
 - attention is computed as the model's attention implementation computes it (``sdpa``: the same
   ``scaled_dot_product_attention`` call with the bias as its mask; ``eager``: matmul, bias, softmax, matmul),
@@ -82,7 +83,7 @@ class LeanT5State:
     ``[C, 1, 1, S]``, where C is B (``share_encoder_state``: an example's K rows query one copy) or N (one copy
     per row, as transformers computes it). Per row: the self-attention keys and values ``[T, N, H, d]`` of every
     layer (filled up to ``length``), plus one spare buffer of that shape that each reorder gathers into and swaps
-    with the buffer it reordered (so 2L + 1 buffers, not 4L)
+    with the buffer it reordered (so 2L + 1 buffers, not 4L).
     """
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
@@ -159,14 +160,19 @@ class LeanT5State:
         else:
             self._select_cross(index)
         self.examples = index.shape[0] // per_example
-        self.keys = [self._gathered(keys, index) for keys in self.keys]
-        self.values = [self._gathered(values, index) for values in self.values]
-        self.spare = torch.empty_like(self.keys[0])
+        self._gather_rows(index)
 
-    def _gathered(self, cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        out = cache.new_empty((cache.shape[0], index.shape[0], *cache.shape[2:]))
-        out[: self.length] = cache[: self.length].index_select(1, index)
-        return out
+    def _gather_rows(self, index: torch.Tensor) -> None:
+        """New self-attention buffers holding the rows ``index`` (a different number of rows: expansion to the
+        beams, examples leaving), and a spare of their shape."""
+        def gathered(cache: torch.Tensor) -> torch.Tensor:
+            out = cache.new_empty((cache.shape[0], index.shape[0], *cache.shape[2:]))
+            out[: self.length] = cache[: self.length].index_select(1, index)
+            return out
+
+        self.keys = [gathered(keys) for keys in self.keys]
+        self.values = [gathered(values) for values in self.values]
+        self.spare = torch.empty_like(self.keys[0])
 
     # ------------------------------------------------------------------ step
 
@@ -238,9 +244,7 @@ class LeanT5State:
         self._allocate(self.examples, tokens.device)
         for column in range(tokens.shape[1]):
             logits = self.forward(tokens[:, column])
-        self.keys = [self._gathered(keys, expansion) for keys in self.keys]
-        self.values = [self._gathered(values, expansion) for values in self.values]
-        self.spare = torch.empty_like(self.keys[0])
+        self._gather_rows(expansion)
         self.rows_per_example = rows // self.examples
         if not self.share_encoder_state:
             self._select_cross(expansion)
