@@ -89,6 +89,30 @@ def test_greedy_picks_argmax_every_step():
             assert sequence[position] == int(logits.argmax())
 
 
+@pytest.mark.parametrize("kwargs", [{"num_beams": 1}, {"num_beams": 3, "semantics": "ct2"}])
+def test_fresh_logits_are_masked_in_place_and_others_never_change(kwargs):
+    """A step may say its logits are its own new tensor (``fresh_logits``): the masks then work in place, with
+    the same result; without it, the tensors a step returns (here rows of its own table) are never changed."""
+    model = PrefixModel(vocab_size=9, seed=5)
+    table = model.table.clone()
+    options = dict(max_new_tokens=5, min_new_tokens=3, eos_token_id=1, suppress_tokens=[4], **kwargs)
+    start = torch.tensor([[2], [3]])
+    plain = beamsearch.search(model, start, **options)
+    assert torch.equal(model.table, table)
+    returned = []
+
+    def fresh(tokens, state):
+        returned.append(model.logits_for(tokens).clone())
+        return returned[-1], state
+
+    fresh.fresh_logits = True
+    owned = beamsearch.search(fresh, start, **options)
+    assert torch.equal(owned.sequences, plain.sequences) and torch.equal(owned.sequences_scores, plain.sequences_scores)
+    assert all(torch.isinf(logits[:, 4]).all() for logits in returned)  # masked in place: no copy was made
+    logged = beamsearch.search(fresh, start, output_logits=True, **options)
+    assert not any(torch.isinf(logits).any() for logits in logged.logits)  # the trace keeps them unprocessed
+
+
 @pytest.mark.parametrize("kwargs, name", [
     ({"num_beams": 2, "num_return_sequences": 3}, "num_return_sequences"),
     ({"do_sample": True, "top_p": 0.0}, "top_p"),

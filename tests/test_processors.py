@@ -592,7 +592,7 @@ def test_processor_list_is_a_callable_list():
 
 
 def test_owned_scores_are_masked_in_place_with_the_same_result():
-    from beamsearch.processors.pipeline import ProcessorList, process_owned
+    from beamsearch.processors.pipeline import ProcessorList, run_processors
 
     ids = torch.zeros(3, 2, dtype=torch.long)
     processors = ProcessorList([bp.MinLengthLogitsProcessor(5, [1]), bp.MinNewTokensLengthLogitsProcessor(0, 4, [2]),
@@ -601,14 +601,19 @@ def test_owned_scores_are_masked_in_place_with_the_same_result():
     want = processors(ids, scores.clone())
     assert torch.isinf(want[:, [1, 2, 4, 6]]).all() and torch.isfinite(want[:, [0, 3, 5, 7, 8, 9]]).all()
     owned = scores.clone()
-    got = process_owned(processors, ids, owned)
+    got = run_processors(processors, ids, owned, owned=True)
     assert torch.equal(got, want)
     assert got.data_ptr() == owned.data_ptr()  # masked in place, no [N, V] copy
     assert torch.equal(processors(ids, scores), want) and not torch.isinf(scores).any()  # __call__ still copies
+    assert torch.equal(run_processors(processors, ids, scores, owned=False), want) and not torch.isinf(scores).any()
+    # ids beyond the vocabulary are ignored, as transformers' isin over the vocabulary does
+    wide = ProcessorList([bp.SuppressTokensLogitsProcessor([4, 12, 4])])
+    assert torch.equal(run_processors(wide, ids, scores.clone(), owned=True), scores.index_fill(1, torch.tensor([4]),
+                                                                                              float("-inf")))
 
 
 def test_owned_scores_are_not_changed_in_place_after_a_user_processor():
-    from beamsearch.processors.pipeline import ProcessorList, process_owned
+    from beamsearch.processors.pipeline import ProcessorList, run_processors
 
     kept = []
 
@@ -619,6 +624,6 @@ def test_owned_scores_are_not_changed_in_place_after_a_user_processor():
     ids = torch.zeros(2, 1, dtype=torch.long)
     scores = torch.randn(2, 8)
     before = scores.clone()
-    got = process_owned(ProcessorList([user, bp.SuppressTokensLogitsProcessor([3])]), ids, scores)
+    got = run_processors(ProcessorList([user, bp.SuppressTokensLogitsProcessor([3])]), ids, scores, owned=True)
     assert torch.equal(kept[0], before)
     assert torch.isinf(got[:, 3]).all()

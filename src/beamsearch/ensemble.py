@@ -68,4 +68,5 @@ def ensemble_step(steps: Sequence[Callable], mode: str = "log", weights: Sequenc
             return combined, tuple(new_states), attention
         return combined, tuple(new_states)
 
+    step.fresh_logits = True  # computed here (see loop.decode)
     return step

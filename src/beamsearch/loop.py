@@ -22,7 +22,9 @@ def decode(step: StepFn, state: Any, strategy: Strategy, batch_size: int) -> Sea
 
     Args:
         step: ``(tokens [N, t], state) -> (logits [N, V], state)``, or ``(logits, state, attention [N, S])``
-            when a coverage penalty needs the attention over the source; the model never sees beams.
+            when a coverage penalty needs the attention over the source; the model never sees beams. A step
+            with the attribute ``fresh_logits = True`` promises a new logits tensor each call, that no one else
+            holds: the search may then mask it in place instead of copying it.
         state: the model state for the ``B`` examples (row dimension first), expanded here to ``N`` rows.
         strategy: owns the search tensors; returns parent rows after each step.
         batch_size: B.
@@ -30,6 +32,7 @@ def decode(step: StepFn, state: Any, strategy: Strategy, batch_size: int) -> Sea
     device = strategy.tokens().device
     expand = torch.arange(batch_size, device=device).repeat_interleave(strategy.rows_per_example)  # [N]
     state = reorder_state(state, expand)
+    fresh = bool(getattr(step, "fresh_logits", False))
     while not strategy.is_done():
         out = step(strategy.tokens(), state)
         if not isinstance(out, tuple) or len(out) not in (2, 3):
@@ -37,7 +40,8 @@ def decode(step: StepFn, state: Any, strategy: Strategy, batch_size: int) -> Sea
             raise ValueError(f"step must return (logits, state) or (logits, state, attention), got {got}")
         logits, state, *extra = out
         _check_logits(logits, strategy.tokens().shape[0])
-        parents = strategy.advance(logits.float(), extra[0] if extra else None)
+        scores = logits.float()  # a copy unless float32 already
+        parents = strategy.advance(scores, extra[0] if extra else None, owned=fresh or scores is not logits)
         if parents is not None:
             state = reorder_state(state, parents)
     return strategy.result()

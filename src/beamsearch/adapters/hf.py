@@ -123,6 +123,9 @@ def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState
     return (logits, state) if attention is None else (logits, state, attention)
 
 
+hf_step.fresh_logits = True  # a copy of the model's output (see loop.decode)
+
+
 @torch.no_grad()
 def generate(
     model: Any,

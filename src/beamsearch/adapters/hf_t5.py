@@ -257,3 +257,6 @@ def lean_t5_step(tokens: torch.Tensor, state: LeanT5State) -> tuple[torch.Tensor
     if state.length == 0:
         return state.prefill(tokens), state
     return state.forward(tokens[:, -1]), state
+
+
+lean_t5_step.fresh_logits = True  # the output layer's new tensor (see loop.decode)

@@ -94,10 +94,11 @@ def token_ids(name: str, value: Any, *, allow_empty: bool = False) -> tuple[int,
     return tuple(operator.index(token) for token in ids)
 
 
-class VocabMasks:
-    """Boolean masks ``[V]`` marking a fixed set of token ids, built once per (V, device).
+class VocabIds:
+    """A fixed set of token ids as a LongTensor of those ``< V``, built once per (V, device).
 
-    Ids ``>= V`` are ignored, as ``torch.isin`` over the vocabulary ignores them in Hugging Face.
+    Ids ``>= V`` are ignored, as ``torch.isin`` over the vocabulary ignores them in Hugging Face. Masking with
+    ``index_fill_`` on these ids touches ``N x k`` entries, where a ``[V]`` boolean mask reads all ``N x V``.
     """
 
     def __init__(self, ids: tuple[int, ...]):
@@ -105,16 +106,13 @@ class VocabMasks:
         self._cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def get(self, vocab_size: int, device: torch.device) -> torch.Tensor:
-        """The mask for a vocabulary of ``vocab_size`` on ``device``: BoolTensor ``[V]``."""
+        """The ids below ``vocab_size`` on ``device``: LongTensor ``[k']``."""
         key = (vocab_size, device)
-        mask = self._cache.get(key)
-        if mask is None:
-            mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            inside = [token for token in self.ids if token < vocab_size]
-            if inside:
-                mask[torch.tensor(inside, device=device)] = True
-            self._cache[key] = mask
-        return mask
+        ids = self._cache.get(key)
+        if ids is None:
+            inside = sorted({token for token in self.ids if token < vocab_size})
+            ids = self._cache[key] = torch.tensor(inside, dtype=torch.long, device=device)
+        return ids
 
 
 class IdTensors:

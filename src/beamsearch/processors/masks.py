@@ -12,32 +12,31 @@ from typing import Any
 
 import torch
 
-from .base import NEG_INF, IdTensors, LogitsProcessor, VocabMasks, check_int, token_ids
+from .base import NEG_INF, IdTensors, LogitsProcessor, VocabIds, check_int, token_ids
 
 
 class _TokenMask(LogitsProcessor):
-    """A processor that masks the fixed ids of ``self._mask`` at the steps where ``_applies``.
+    """A processor that masks the fixed ids of ``self._ids`` at the steps where ``_applies``.
 
-    ``mask_`` does it in place, for callers that own the scores (see ``pipeline.process_owned``); ``__call__``
+    ``mask_`` does it in place, for callers that own the scores (see ``pipeline.run_processors``); ``__call__``
     never changes its input.
     """
 
-    _mask: VocabMasks
+    _ids: VocabIds
 
     def _applies(self, input_ids: torch.Tensor) -> bool:
         return True
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
-        if not self._applies(input_ids):
-            return scores
-        return scores.masked_fill(self._mask.get(scores.shape[-1], scores.device), NEG_INF)
+        return self._fill_(scores.clone()) if self._applies(input_ids) else scores
 
     def mask_(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """As ``__call__``, but changes ``scores`` in place."""
-        if not self._applies(input_ids):
-            return scores
-        return scores.masked_fill_(self._mask.get(scores.shape[-1], scores.device), NEG_INF)
+        return self._fill_(scores) if self._applies(input_ids) else scores
+
+    def _fill_(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores.index_fill_(-1, self._ids.get(scores.shape[-1], scores.device), NEG_INF)
 
 
 class MinLengthLogitsProcessor(_TokenMask):
@@ -52,7 +51,7 @@ class MinLengthLogitsProcessor(_TokenMask):
     def __init__(self, min_length: int, eos_token_id: Any, device: Any = None):
         self.min_length = check_int("min_length", min_length, 0)
         self.eos_token_id = token_ids("eos_token_id", eos_token_id, allow_empty=True)
-        self._mask = VocabMasks(self.eos_token_id)
+        self._ids = VocabIds(self.eos_token_id)
 
     def _applies(self, input_ids: torch.Tensor) -> bool:
         return input_ids.shape[-1] < self.min_length
@@ -74,7 +73,7 @@ class MinNewTokensLengthLogitsProcessor(_TokenMask):
         self.prompt_length_to_skip = check_int("prompt_length_to_skip", prompt_length_to_skip, 0)
         self.min_new_tokens = check_int("min_new_tokens", min_new_tokens, 0)
         self.eos_token_id = token_ids("eos_token_id", eos_token_id, allow_empty=True)
-        self._mask = VocabMasks(self.eos_token_id)
+        self._ids = VocabIds(self.eos_token_id)
 
     def _applies(self, input_ids: torch.Tensor) -> bool:
         return input_ids.shape[-1] - self.prompt_length_to_skip < self.min_new_tokens
@@ -90,7 +89,7 @@ class SuppressTokensLogitsProcessor(_TokenMask):
 
     def __init__(self, suppress_tokens: Any, device: Any = None):
         self.suppress_tokens = token_ids("suppress_tokens", suppress_tokens, allow_empty=True)
-        self._mask = VocabMasks(self.suppress_tokens)
+        self._ids = VocabIds(self.suppress_tokens)
 
 
 class SuppressTokensAtBeginLogitsProcessor(_TokenMask):
@@ -107,7 +106,7 @@ class SuppressTokensAtBeginLogitsProcessor(_TokenMask):
             "begin_suppress_tokens", begin_suppress_tokens, allow_empty=True
         )
         self.begin_index = check_int("begin_index", begin_index, 0)
-        self._mask = VocabMasks(self.begin_suppress_tokens)
+        self._ids = VocabIds(self.begin_suppress_tokens)
 
     def set_begin_index(self, begin_index: int) -> None:
         """Change the step at which the tokens are masked."""

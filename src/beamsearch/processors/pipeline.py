@@ -52,13 +52,14 @@ class ProcessorList(list):
         return ProcessorList(processor.select_rows(index) for processor in self)
 
 
-def process_owned(processors: Processor, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """Apply ``processors`` to scores that no one else holds (a fresh tensor of the caller's own).
+def run_processors(processors: Processor, input_ids: torch.Tensor, scores: torch.Tensor, owned: bool) -> torch.Tensor:
+    """Apply ``processors``; ``owned``: no one else holds ``scores`` (a fresh tensor of the caller's own).
 
-    Our fixed-token masks (min length, suppression) then mask in place instead of copying ``[N, V]``; the
-    result is the same. After a processor from outside this package the scores are no longer assumed private.
+    On owned scores our fixed-token masks (min length, suppression) mask in place instead of copying
+    ``[N, V]``; the result is the same. After a processor from outside this package the scores are no longer
+    assumed private.
     """
-    if not isinstance(processors, ProcessorList):
+    if not owned or not isinstance(processors, ProcessorList):
         return processors(input_ids, scores)
     owned = True
     for processor in processors:

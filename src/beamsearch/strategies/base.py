@@ -32,11 +32,14 @@ class Strategy(Protocol):
     def tokens(self) -> torch.Tensor:
         """The tokens so far, ``[N, t]``, start tokens included: what the model sees next."""
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor | None:
+    def advance(
+        self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False
+    ) -> torch.Tensor | None:
         """Consume one step of raw logits ``[N, V]`` (float32); return parent rows ``[N]`` or None if unchanged.
 
         ``attention`` is the step's attention over the source, ``[N, S]``, when the step function returns
-        one (coverage penalties need it); strategies that do not use it ignore it.
+        one (coverage penalties need it); ``owned``: no one else holds ``logits``, so the strategy may change
+        them in place. Strategies that do not use either ignore it.
         """
 
     def is_done(self) -> bool:

@@ -17,7 +17,7 @@ import torch
 
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
 from ..compaction import ActiveExamples
-from ..processors.pipeline import process_owned
+from ..processors.pipeline import run_processors
 from ..ranking import PoolKeys, SequenceScorer, UniqueKey, score_candidates
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
@@ -97,10 +97,10 @@ class BeamSearch:
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step; returns the flat parent row of each new live beam, ``[N]`` (fewer rows once examples left)."""
         b = self.running_scores.shape[0]  # B': the active examples
-        log_probs = process_owned(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
+        log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
         *candidates, parents = self._grow(unflatten_beams(log_probs, b))
         if self.keep_alignments:

@@ -33,6 +33,7 @@ import math
 import torch
 
 from ..beams import flatten_beams, gather_beams, unflatten_beams
+from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
@@ -98,10 +99,11 @@ class CT2BeamSearch:
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step; returns the flat parent row of each new live beam, ``[N]``."""
         b = self.batch_size
-        log_probs = torch.log_softmax(self.processors(self.tokens(), logits), dim=-1)  # [N, V]
+        scores = run_processors(self.processors, self.tokens(), logits, owned and self.trace.logits is None)
+        log_probs = torch.log_softmax(scores, dim=-1)  # [N, V]
         self.trace.record(log_probs, logits)
         candidates = self._grow(unflatten_beams(log_probs, b))
         ended = self.criteria(flatten_beams(candidates[1][:, :, : self.length + 1]), self.trace.scores)

@@ -100,7 +100,7 @@ class GroupBeamSearch:
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step: the groups in order; returns the flat parent row of each new live beam, ``[N]``."""
         b, k, s = self.batch_size, self.rows_per_example, self.group_size
         log_probs = torch.log_softmax(logits, dim=-1)  # [N, V]

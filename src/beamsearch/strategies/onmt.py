@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
+from ..processors.pipeline import run_processors
 from ..results import SearchResult
 from ..scoring import coverage_penalty, length_penalty
 from ..stopping import classify_stop
@@ -108,12 +109,12 @@ class ONMTBeamSearch:
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.sequences[:, :, : self.length])  # [N, t]
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step; returns the flat parent row of each new beam, ``[N]``."""
         b, k = self.batch_size, self.rows_per_example
         if self.cov_kind != "none" and attention is None:
             raise ValueError("coverage_penalty needs the step function to return (logits, state, attention [N, S])")
-        log_probs = self.processors(self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
+        log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
         vocab = log_probs.shape[-1]
         step = self.length - self.prompt_length + 1  # OpenNMT's len(): tokens so far, one start token

@@ -14,6 +14,7 @@ import torch
 
 from ..beams import unflatten_beams
 from ..compaction import ActiveExamples
+from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
@@ -74,15 +75,17 @@ class SamplingSearch:
     def tokens(self) -> torch.Tensor:
         return self.sequences[:, : self.length]  # [N, t]
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> None:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> None:
         """One step: process, pick a token per row, pad finished rows, update stopping state."""
         tokens = self.tokens()
-        scores = self.processors(tokens, logits)  # [N, V]
+        # owned logits are masked in place, unless the trace keeps them (it records them after processing)
+        scores = run_processors(self.processors, tokens, logits, owned and self.trace.logits is None)  # [N, V]
         self.trace.record(scores, logits)
         if self.do_sample:
             next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [N]
         else:
-            next_tokens = torch.argmax(scores, dim=-1)  # [N]
+            # the argmax, through max: the same first index on ties and NaNs, several times faster on CPU
+            next_tokens = scores.max(dim=-1).indices  # [N]
         if self.eos_token_id is not None:
             next_tokens = torch.where(self.unfinished, next_tokens, self.pad_token_id)
         log_probs = torch.log_softmax(scores, dim=-1).gather(1, next_tokens[:, None]).squeeze(1)  # [N]

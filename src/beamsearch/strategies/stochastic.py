@@ -38,6 +38,7 @@ import dataclasses
 import torch
 
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
+from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
@@ -156,10 +157,10 @@ class StochasticBeamSearch:
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.sequences[:, :, : self.length])  # [N, t]
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step: expand the live beams, keep the K best keys; returns the flat parent rows ``[N]``."""
         b, k = self.keys.shape
-        scores = self.processors(self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
+        scores = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         log_probs = torch.log_softmax(scores / self.temperature, dim=-1)  # [N, V] the distribution sampled
         self.trace.record(log_probs, logits)
         vocab = log_probs.shape[-1]

@@ -42,6 +42,7 @@ from typing import NamedTuple
 import torch
 
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
+from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import StoppingCriteriaList
 from .base import StepTrace
@@ -138,9 +139,9 @@ class T2TBeamSearch:
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.alive_seq[:, :, : self.length])  # [N, t]
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step of t2t's ``inner_loop``; returns the flat parent row of each new alive beam, ``[N]``."""
-        log_probs = self.processors(self.tokens(), torch.log_softmax(logits, dim=-1))  # [N, V]
+        log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
         candidates = self._grow_topk(unflatten_beams(log_probs, self.batch_size))
         self._grow_alive(candidates)
