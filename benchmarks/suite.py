@@ -6,7 +6,7 @@ One process, the same models and inputs for every engine; each engine is warmed 
 - HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments; ours-keep: the same with
   ``remove_finished=False`` (finished examples stay in the batch, as in transformers): the lever's effect;
   ours-generic: the same with ``lean_step=False`` (the generic step calling ``model(...)`` instead of the lean
-  T5 step): that lever's effect; ours-shared: ``share_encoder_state=True`` (T5: an example's beams share one
+  T5 or GPT-2 step): that lever's effect; ours-shared: ``share_encoder_state=True`` (T5: an example's beams share one
   copy of the cross-attention keys and values); ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU
   only; dynamic int8 linear layers).
 - CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
@@ -14,7 +14,7 @@ One process, the same models and inputs for every engine; each engine is warmed 
   max/min decoding length, patience 1, length_penalty 1, return_end_token).
 - floor: the same model forwards with the KV cache and no search (prompt once per example, then B*K rows
   for the number of steps our search took): the cost of the model alone, with the step ours uses (the lean
-  T5 step on T5 models, ``model(...)`` otherwise), so that ours/floor is the search's overhead.
+  step on T5 and GPT-2 models, ``model(...)`` otherwise), so that ours/floor is the search's overhead.
 
 Models (``--models``): t5-small (random weights, d_model 512, 6+6 layers, vocab 32128, source 32, 48 new
 tokens, EOS suppressed so all engines return the same sequences), t5-small-eos (the same shape, EOS likely

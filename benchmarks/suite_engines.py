@@ -30,6 +30,7 @@ import torch
 
 import beamsearch
 from beamsearch.adapters.hf import search_model
+from beamsearch.adapters.hf_gpt2 import LeanGPT2State
 from beamsearch.adapters.hf_t5 import LeanT5State
 
 
@@ -211,7 +212,7 @@ def _best(logits: torch.Tensor) -> torch.Tensor:
 def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable[[], list[list[int]]]:
     """The same model forwards with the KV cache and no search: the prompt (encoder, first decoder step, or
     the decoder-only prefill) once per example, then ``steps - 1`` steps of B*K rows, each feeding the row's
-    argmax. No log-softmax, top-k, beam bookkeeping or cache reordering. On T5 models it runs the lean T5
+    argmax. No log-softmax, top-k, beam bookkeeping or cache reordering. On T5 and GPT-2 models it runs the lean
     step, as ours does, so that ours/floor is the search's overhead."""
     from transformers.modeling_outputs import BaseModelOutput
 
@@ -275,10 +276,26 @@ def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable
             tokens.append(token)
         return torch.stack(tokens, 1)
 
+    @torch.no_grad()
+    def run_lean_gpt2():  # the same step as ours on GPT-2: the prompt once per example, then the lean step
+        from transformers import DynamicCache
+
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as transformers' generate
+        kwargs = {"attention_mask": mask, "position_ids": positions, "use_cache": True, "logits_to_keep": 1,
+                  "past_key_values": DynamicCache(config=model.config)}
+        state = LeanGPT2State(model, kwargs, model.generation_config, ids.shape[1] + steps)
+        state.reorder(torch.arange(size, device=ids.device).repeat_interleave(k))
+        token = _best(state.prefill(ids.repeat_interleave(k, dim=0)))
+        tokens = [token]
+        for _ in range(steps - 1):
+            token = _best(state.forward(token))
+            tokens.append(token)
+        return torch.stack(tokens, 1)
+
     if workload.encoder_decoder:
         body = run_lean_t5 if workload.lean_t5 else run_encoder_decoder
     else:
-        body = run_decoder_only
+        body = run_lean_gpt2 if workload.lean_gpt2 else run_decoder_only
 
     def run():
         tokens = body()

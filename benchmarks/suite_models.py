@@ -60,6 +60,13 @@ class Workload:
 
         return lean_t5_reason(self.model, {"encoder_outputs": True}, needs_attention=False) is None
 
+    @property
+    def lean_gpt2(self) -> bool:
+        """Whether beamsearch runs this model with the lean GPT-2 step."""
+        from beamsearch.adapters.hf_gpt2 import lean_gpt2_reason
+
+        return lean_gpt2_reason(self.model, {}, needs_attention=False) is None
+
     def batch(self, size: int, device: str) -> dict[str, torch.Tensor]:
         """The first ``size`` inputs, padded (right for encoders, left for decoder-only prompts)."""
         chosen = [self.sources[i % len(self.sources)] for i in range(size)]

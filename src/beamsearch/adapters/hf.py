@@ -20,6 +20,7 @@ import torch
 from ..engine import search
 from ..options import TOOLKIT_OPTIONS, UNSUPPORTED_OPTIONS, SearchOptions, apply_preset, is_neutral
 from ..results import SearchResult, concatenate
+from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
 from .hf_outputs import to_hf_output
 from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
 
@@ -218,23 +219,29 @@ def _pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
 
 
 def _model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False):
-    """The step function and state: the lean T5 step where it applies (``lean_step`` None or True), else the
-    generic one that calls ``model(...)``. ``share_encoder_state`` (lean step only): an example's beams query one
-    copy of the cross-attention keys and values instead of one copy each."""
+    """The step function and state: the lean T5 or GPT-2 step where it applies (``lean_step`` None or True), else
+    the generic one that calls ``model(...)``. ``share_encoder_state`` (lean T5 step only): an example's beams
+    query one copy of the cross-attention keys and values instead of one copy each."""
     if lean_step is not None and not isinstance(lean_step, bool):
         raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
     if not isinstance(share_encoder_state, bool):
         raise ValueError(f"share_encoder_state must be True or False, got {share_encoder_state!r}")
     if lean_step is not False:
-        reason = lean_t5_reason(model, model_kwargs, needs_attention)
-        if reason is None:
-            encoded = model_kwargs["encoder_outputs"].last_hidden_state
-            state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length,
-                                share_encoder_state=share_encoder_state)
-            return lean_t5_step, state
-        if lean_step or share_encoder_state:
-            option = "lean_step=True" if lean_step else "share_encoder_state=True (it needs the lean T5 step)"
-            raise ValueError(f"{option} cannot run this call: {reason}")
+        if getattr(model.config, "model_type", None) == "gpt2" and not share_encoder_state:
+            reason = lean_gpt2_reason(model, model_kwargs, needs_attention)
+            if reason is None:
+                return lean_gpt2_step, LeanGPT2State(model, model_kwargs, config, options.max_length)
+        else:
+            reason = lean_t5_reason(model, model_kwargs, needs_attention)
+            if reason is None:
+                encoded = model_kwargs["encoder_outputs"].last_hidden_state
+                state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length,
+                                    share_encoder_state=share_encoder_state)
+                return lean_t5_step, state
+        if share_encoder_state:
+            raise ValueError(f"share_encoder_state=True (it needs the lean T5 step) cannot run this call: {reason}")
+        if lean_step:
+            raise ValueError(f"lean_step=True cannot run this call: {reason}")
     elif share_encoder_state:
         raise ValueError("share_encoder_state=True needs the lean T5 step, and lean_step=False was given")
     state = HFState(model, model_kwargs, config)

@@ -1,0 +1,213 @@
+"""The lean GPT-2 step (``adapters/hf_gpt2.py``): logits bit for bit those of the model's forward with its cache,
+generate() equal to transformers and to the generic step, finished examples leaving, and clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import beamsearch
+from beamsearch.adapters import hf as hf_adapter
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 50
+PAD, EOS = 2, 1
+
+
+def gpt2(implementation: str = "sdpa", seed: int = 0, eos: float = 1.3, **overrides):
+    """A small random GPT-2 (weights of std 0.4, an untied output layer of std 0.8 with its EOS row scaled by
+    ``eos``): peaked, input-dependent next-token distributions."""
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=96, bos_token_id=0,
+                                     eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False,
+                                     initializer_range=0.4, **overrides)
+    config._attn_implementation = implementation
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.8)
+        model.lm_head.weight[EOS] *= eos
+    return model
+
+
+def inputs(batch: int, seed: int = 0, length: int = 9, padded: bool = True):
+    """Token ids ``[B, P]`` and a mask with left padding of mixed lengths (none in the first row)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch if padded else 0):
+        cut = row % 5
+        if cut:
+            ids[row, :cut], mask[row, :cut] = PAD, 0
+    return ids, mask
+
+
+CASES = [
+    dict(num_beams=1),
+    dict(num_beams=1, do_sample=True, top_k=5, num_return_sequences=2),
+    dict(num_beams=3, early_stopping=True, length_penalty=0.5),
+    dict(num_beams=4, num_return_sequences=2, early_stopping=False),
+    dict(num_beams=4, early_stopping="never", length_penalty=2.0),
+]
+
+
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_lean_step_equals_transformers(case: int, implementation: str, padded: bool) -> None:
+    """Tokens, sequence scores and per-step scores bit for bit those of ``model.generate``."""
+    model = gpt2(implementation, seed=case)
+    ids, mask = inputs(5, seed=case, padded=padded)
+    kwargs = dict(CASES[case], max_new_tokens=10, return_dict_in_generate=True, output_scores=True)
+    kwargs.setdefault("do_sample", False)
+    torch.manual_seed(7)
+    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    torch.manual_seed(7)
+    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    if kwargs["num_beams"] > 1:
+        assert torch.equal(got.sequences_scores, expected.sequences_scores)
+    for mine, theirs in zip(got.scores, expected.scores, strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def reference_logits(model, ids, mask, rows_per_example, parents, tokens, padded):
+    """The model's own forward with its cache on the expanded rows: prompt, then one token a step after
+    reordering the cache by ``parents``; positions and mask as transformers' generate makes them."""
+    expand = torch.arange(ids.shape[0]).repeat_interleave(rows_per_example)
+    ids, mask = ids[expand], mask[expand]
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    cache = transformers.DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask if padded else None, position_ids=positions, past_key_values=cache,
+                use_cache=True, logits_to_keep=1)
+    logits = [out.logits[:, -1]]
+    last = positions[:, -1:]
+    for index, token in zip(parents, tokens, strict=True):
+        cache.reorder_cache(index)
+        mask, last = torch.cat([mask[index], torch.ones_like(mask[:, :1])], dim=1), last[index] + 1
+        out = model(input_ids=token[:, None], attention_mask=mask if padded else None, position_ids=last,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits.append(out.logits[:, -1])
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_step_logits_are_bitwise_those_of_the_model_forward(implementation: str, padded: bool) -> None:
+    """Each step's logits equal the model's forward with its cache (torch.equal), rows reordered within their
+    examples between steps; the state starts with room for the prompt and one position and grows past them."""
+    from beamsearch.adapters.hf_gpt2 import LeanGPT2State, lean_gpt2_step
+
+    model = gpt2(implementation, seed=11)
+    ids, mask = inputs(3, seed=11, length=7, padded=padded)
+    per_example, rows, steps = 3, 9, 8
+    generator = torch.Generator().manual_seed(3)
+    parents = [torch.arange(rows) // per_example * per_example + torch.randint(per_example, (rows,),
+                                                                                generator=generator)
+               for _ in range(steps)]
+    tokens = [torch.randint(3, VOCAB, (rows,), generator=generator) for _ in range(steps)]
+    with torch.no_grad():
+        expected = reference_logits(model, ids, mask, per_example, parents, tokens, padded)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        kwargs = {"attention_mask": mask if padded else None, "position_ids": positions, "use_cache": True,
+                  "past_key_values": transformers.DynamicCache(config=model.config), "logits_to_keep": 1}
+        state = LeanGPT2State(model, kwargs, model.generation_config, max_length=3)
+        state.reorder(torch.arange(3).repeat_interleave(per_example))
+        sequence = ids.repeat_interleave(per_example, dim=0)
+        logits = [lean_gpt2_step(sequence, state)[0]]
+        for index, token in zip(parents, tokens, strict=True):
+            state.reorder(index)
+            sequence = torch.cat([sequence[index], token[:, None]], dim=1)
+            logits.append(lean_gpt2_step(sequence, state)[0])
+    assert state.capacity == 16  # the prompt's 7 positions + 1, doubled once
+    assert (state.mask is not None) == padded
+    assert torch.equal(torch.stack(logits), expected)
+
+
+def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> None:
+    """A long prompt and several beams: the reorders within examples skip the prompt positions, and the results
+    equal the generic step's (``lean_step=False``), which does not run the lean step."""
+    from beamsearch.adapters.hf_gpt2 import LeanGPT2State
+
+    model = gpt2(seed=3)
+    ids, mask = inputs(4, seed=3, length=30)
+    calls, within = [], []
+    original_step, original_within = hf_adapter.lean_gpt2_step, LeanGPT2State._within_examples
+
+    def counting(tokens, state):
+        calls.append(tokens.shape)
+        return original_step(tokens, state)
+
+    def recording(state, index):
+        within.append(original_within(state, index))
+        return within[-1]
+
+    monkeypatch.setattr(hf_adapter, "lean_gpt2_step", counting)
+    monkeypatch.setattr(LeanGPT2State, "_within_examples", recording)
+    kwargs = dict(num_beams=4, max_new_tokens=12)
+    lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)
+    assert calls, "the default did not use the lean step"
+    assert within and all(within), "no reorder skipped the prompt positions"
+    calls.clear()
+    generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
+    assert not calls
+    assert torch.equal(lean.sequences, generic.sequences)
+    assert torch.equal(lean.sequences_scores, generic.sequences_scores)
+    assert torch.equal(lean.token_log_probs, generic.token_log_probs)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_finished_examples_leave_the_lean_state(monkeypatch, implementation: str, early_stopping: bool) -> None:
+    """EOS made likely: examples (the padded ones among them) finish at different steps and leave the batch,
+    their cache rows too; the results equal transformers'."""
+    from beamsearch.adapters.hf_gpt2 import LeanGPT2State
+
+    model = gpt2(implementation, seed=6, eos=2.0)
+    ids, mask = inputs(8, seed=6)
+    shrinks = []
+    original = LeanGPT2State._gather_rows
+
+    def recording(state, index):
+        shrinks.append((state.keys[0].shape[1], index.shape[0]))
+        return original(state, index)
+
+    monkeypatch.setattr(LeanGPT2State, "_gather_rows", recording)
+    for beams in (1, 3):
+        kwargs = dict(num_beams=beams, max_new_tokens=20, early_stopping=early_stopping, do_sample=False)
+        expected = model.generate(input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
+                                  output_scores=True, **kwargs)  # the full batch to the end
+        got = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+        assert torch.equal(got.sequences.flatten(0, 1), expected.sequences)
+        if beams > 1:
+            assert torch.equal(got.sequences_scores.flatten(), expected.sequences_scores)
+        generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
+        for name in ("sequences", "sequences_scores", "token_log_probs"):
+            assert torch.equal(getattr(got, name), getattr(generic, name))
+        lengths = got.lengths.flatten()
+        assert lengths.min() < lengths.max(), "the case does not finish examples at different steps"
+    assert shrinks, "no example left the batch"
+
+
+def test_lean_step_refusals() -> None:
+    ids, mask = inputs(2)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=2)
+    for flag in ("reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"):
+        model = gpt2("eager", **{flag: True})
+        with pytest.raises(ValueError, match=f"lean_step=True cannot run this call: config.{flag} is set"):
+            beamsearch.generate(model, lean_step=True, **kwargs)
+        assert torch.equal(beamsearch.generate(model, **kwargs), model.generate(**kwargs))  # the generic step
+    model = gpt2()
+    with pytest.raises(ValueError, match="lean_step=True cannot run this call: token_type_ids is given"):
+        beamsearch.generate(model, lean_step=True, token_type_ids=torch.zeros_like(ids), **kwargs)
+    model.train()
+    with pytest.raises(ValueError, match="training mode"):
+        beamsearch.generate(model, lean_step=True, **kwargs)
+    model.eval()
+    with pytest.raises(ValueError, match="share_encoder_state=True .* model_type 'gpt2' is not T5"):
+        beamsearch.generate(model, share_encoder_state=True, **kwargs)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32, pad_token_id=PAD, eos_token_id=EOS)).eval()
+    with pytest.raises(ValueError, match="lean_step=True cannot run this call: model_type 'llama' is not T5"):
+        beamsearch.generate(llama, lean_step=True, **kwargs)
