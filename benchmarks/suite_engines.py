@@ -10,10 +10,13 @@ Peak memory:
   memory (``torch.cuda.mem_get_info``) from before the engine's first call to after its last one. The cache
   keeps its blocks, so this is close to the peak (marked ``~`` in the table).
 - CPU: the kernel's peak resident set size (``VmHWM``) is reset through ``/proc/self/clear_refs`` before the
-  timed runs and read after them, minus the resident size at the reset. glibc's malloc is told to return
-  large blocks to the system when freed (fixed mmap threshold, ``malloc_trim`` before each measurement), so
-  the baseline does not hide memory freed by an earlier engine. Growth is process-wide: CTranslate2's
-  threads included, model weights excluded (loaded before).
+  timed runs and read after them, minus the resident size at the reset. ``malloc_trim`` before each
+  measurement returns the memory freed by earlier engines to the system, so the baseline does not hide it.
+  glibc's malloc otherwise keeps its defaults, as in any user's process: its mmap threshold adapts, so a large
+  block freed at one step is reused at the next. (Fixing the threshold low, as this suite once did, made every
+  large temporary a fresh mmap: page faults cost the torch engines about 3 ms per [128, 32128] tensor, and
+  CTranslate2, with its own caching allocator, nothing.) Growth is process-wide: CTranslate2's threads
+  included, model weights excluded (loaded before).
 """
 
 from __future__ import annotations
@@ -45,8 +48,7 @@ class _Libc:
     def __init__(self) -> None:
         try:
             self.libc = ctypes.CDLL("libc.so.6")
-            self.libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD fixed: big blocks go back to the system on free
-        except (OSError, AttributeError):
+        except OSError:
             self.libc = None
 
     def trim(self) -> None:
