@@ -115,36 +115,42 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_check: bool = True) -> Row:
+def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_check: bool = True,
+             memory_only: bool = False) -> Row:
+    """One case, every engine; ``memory_only``: the CPU memory pass (peak memory, no times)."""
     row = Row(workload.name, beams, batch)
+
+    def timed(run, **kwargs):
+        return engines.timed(run, args.repeats, args.device, memory_only=memory_only, **kwargs)
+
     inputs = workload.batch(batch, args.device)
     kwargs = workload.generation_kwargs(beams)
     ours = engines.beamsearch_engine(workload, inputs, kwargs)
     row.steps = engines.count_forwards(workload.model, ours)  # also ours' warm-up
-    row.timings["ours"] = engines.timed(ours, args.repeats, args.device, warm=True)
+    row.timings["ours"] = timed(ours, warm=True)
     if "ours-keep" in args.engines:
         keep = engines.beamsearch_engine(workload, inputs, dict(kwargs, remove_finished=False))
-        row.timings["ours-keep"] = engines.timed(keep, args.repeats, args.device)
+        row.timings["ours-keep"] = timed(keep)
     if "ours-generic" in args.engines:
         generic = engines.beamsearch_engine(workload, inputs, dict(kwargs, lean_step=False))
-        row.timings["ours-generic"] = engines.timed(generic, args.repeats, args.device)
+        row.timings["ours-generic"] = timed(generic)
     if "ours-shared" in args.engines and workload.lean_t5:
         shared = engines.beamsearch_engine(workload, inputs, dict(kwargs, share_encoder_state=True))
-        row.timings["ours-shared"] = engines.timed(shared, args.repeats, args.device)
+        row.timings["ours-shared"] = timed(shared)
     if "ours-int8" in args.engines and args.device == "cpu":
         if workload.int8_model is None:
             workload.int8_model = beamsearch.quantize_int8(workload.model)
         int8 = engines.beamsearch_engine(workload, inputs, kwargs, model=workload.int8_model)
-        row.timings["ours-int8"] = engines.timed(int8, args.repeats, args.device)
+        row.timings["ours-int8"] = timed(int8)
     if "hf" in args.engines:
-        row.timings["hf"] = engines.timed(engines.hf_engine(workload, inputs, kwargs), args.repeats, args.device)
+        row.timings["hf"] = timed(engines.hf_engine(workload, inputs, kwargs))
     for engine, model in ct2_models.items():
         if engine in args.engines and model is not None:
             run = engines.CT2.engine(workload, model, batch, beams)
-            row.timings[engine] = engines.timed(run, args.repeats, args.device, foreign_allocator=True)
+            row.timings[engine] = timed(run, foreign_allocator=True)
     if "floor" in args.engines:
         floor = engines.floor_engine(workload, inputs, beams, row.steps)
-        row.timings["floor"] = engines.timed(floor, args.repeats, args.device)
+        row.timings["floor"] = timed(floor)
     reference = row.timings["hf"].outputs if "hf" in row.timings else None
     for engine, timing in row.timings.items():
         row.tokens[engine] = batch * row.steps if engine == "floor" else sum(map(len, timing.outputs))
@@ -287,18 +293,31 @@ def main(argv=None) -> None:
         work = Path(tmp)
         ct2 = engines.CT2(args.device, args.threads, work)
         wanted_ct2 = [e for e in ("ct2-fp32", "ct2-int8") if e in args.engines]
+        cpu = args.device == "cpu"
+        engines.ALLOCATOR.return_freed_memory(cpu)  # the CPU memory pass first (see suite_engines.py)
+        workloads = []
         for name in args.models:
             log(f"[{time.perf_counter() - started:6.0f}s] building {name}")
             workload = models.build(name, work, max(args.batches))
             workload.model.to(args.device)
             descriptions.append(f"- {name}: {workload.description}")
             ct2_models = {e: ct2.load(workload, "float32" if e == "ct2-fp32" else "int8") for e in wanted_ct2}
-            for beams in args.beams:
-                for batch in args.batches:
-                    log(f"[{time.perf_counter() - started:6.0f}s] {name} beams {beams} batch {batch}")
-                    row = run_case(workload, ct2_models, args, beams, batch)
-                    rows.append(row)
-                    log("\n".join(table([row])[2:]))
+            workloads.append((name, workload, ct2_models))
+        cases = [(w, beams, batch) for w in workloads for beams in args.beams for batch in args.batches]
+        memory = {}
+        for (name, workload, ct2_models), beams, batch in cases if cpu else ():
+            log(f"[{time.perf_counter() - started:6.0f}s] memory: {name} beams {beams} batch {batch}")
+            row = run_case(workload, ct2_models, args, beams, batch, exact_check=False, memory_only=True)
+            memory[name, beams, batch] = {engine: timing.memory_mib for engine, timing in row.timings.items()}
+        engines.ALLOCATOR.return_freed_memory(False)
+        for (name, workload, ct2_models), beams, batch in cases:
+            log(f"[{time.perf_counter() - started:6.0f}s] {name} beams {beams} batch {batch}")
+            row = run_case(workload, ct2_models, args, beams, batch)
+            for engine, mib in memory.get((name, beams, batch), {}).items():
+                row.timings[engine].memory_mib = mib
+            rows.append(row)
+            log("\n".join(table([row])[2:]))
+        for name, workload, ct2_models in workloads:
             if name == "t5-small" and args.lengths:
                 sweep_beams = 4 if 4 in args.beams else max(args.beams)
                 sweep_batch = min(args.batches)
@@ -308,7 +327,7 @@ def main(argv=None) -> None:
                     workload.max_new_tokens = length
                     sweep.append((length, run_case(workload, ct2_models, args, sweep_beams, sweep_batch,
                                                    exact_check=False)))
-            del workload, ct2_models
+        del workloads, cases
         notes.extend(dict.fromkeys(ct2.notes))
     header = environment(args)
     report = [f"beamsearch benchmark suite: {header}", "", *descriptions, "", *table(rows)]
@@ -323,8 +342,9 @@ def main(argv=None) -> None:
                " time over it;"
                " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"
                " CT2=ours[ct2]: CTranslate2 fp32 equal to beamsearch under semantics=\"ct2\". Peak MiB: growth"
-               " over the timed runs (CPU: peak RSS; CUDA: max_memory_allocated, ~ = device memory used by"
-               " CTranslate2's allocator)."]
+               " (CPU: peak RSS in a memory pass before the timing, with freed memory returned to the system;"
+               " CUDA: max_memory_allocated over the timed runs, ~ = device memory used by CTranslate2's"
+               " allocator)."]
     if args.device == "cpu" and not Path("/proc/self/clear_refs").exists():
         report.append("Peak memory is not measured on this platform (needs Linux /proc).")
     report += [f"Note: {note}" for note in notes]

@@ -9,14 +9,17 @@ Peak memory:
 - CUDA, CTranslate2: it has its own caching allocator, invisible to torch; the growth of the device's used
   memory (``torch.cuda.mem_get_info``) from before the engine's first call to after its last one. The cache
   keeps its blocks, so this is close to the peak (marked ``~`` in the table).
-- CPU: the kernel's peak resident set size (``VmHWM``) is reset through ``/proc/self/clear_refs`` before the
-  timed runs and read after them, minus the resident size at the reset. ``malloc_trim`` before each
-  measurement returns the memory freed by earlier engines to the system, so the baseline does not hide it.
-  glibc's malloc otherwise keeps its defaults, as in any user's process: its mmap threshold adapts, so a large
-  block freed at one step is reused at the next. (Fixing the threshold low, as this suite once did, made every
-  large temporary a fresh mmap: page faults cost the torch engines about 3 ms per [128, 32128] tensor, and
-  CTranslate2, with its own caching allocator, nothing.) Growth is process-wide: CTranslate2's threads
-  included, model weights excluded (loaded before).
+- CPU: a first pass over every case, before any timing: after each engine's warm-up, one run during which
+  the kernel's peak resident set size (``VmHWM``, reset through ``/proc/self/clear_refs``) is read, minus the
+  resident size at the reset. Throughout that pass glibc's malloc returns every large freed block to the
+  system (low fixed mmap and trim thresholds, and ``malloc_trim`` before each run, so the baseline does not
+  hide memory freed by an earlier engine): the resident size follows live memory, not what the allocator
+  keeps for reuse. The timing pass then uses the thresholds glibc's adaptive default reaches after the first
+  large free (32 MiB / 64 MiB), as in a user's process: a block freed at one step is reused at the next.
+  (Timing with the low thresholds, as this suite once did, made every large temporary a fresh mmap: page
+  faults cost the torch engines about 3 ms per [128, 32128] tensor, and CTranslate2, with its own caching
+  allocator, nothing.) Growth is process-wide: CTranslate2's threads included, model weights excluded
+  (loaded before).
 """
 
 from __future__ import annotations
@@ -45,18 +48,28 @@ def cut_after_eos(tokens: list[int], eos: int) -> list[int]:
 
 
 class _Libc:
+    TRIM_THRESHOLD, MMAP_THRESHOLD = -1, -3  # mallopt parameters
+
     def __init__(self) -> None:
         try:
             self.libc = ctypes.CDLL("libc.so.6")
         except OSError:
             self.libc = None
 
+    def return_freed_memory(self, exact: bool) -> None:
+        """True: large freed blocks go back to the system, so the resident size follows live memory (the
+        memory pass). False: the thresholds glibc's adaptive default reaches, freed blocks reused (timing)."""
+        if self.libc is not None:
+            mmap, trim = (128 << 10, 128 << 10) if exact else (32 << 20, 64 << 20)
+            self.libc.mallopt(self.MMAP_THRESHOLD, mmap)
+            self.libc.mallopt(self.TRIM_THRESHOLD, trim)
+
     def trim(self) -> None:
         if self.libc is not None:
             self.libc.malloc_trim(0)
 
 
-_LIBC = _Libc()
+ALLOCATOR = _Libc()
 
 
 def _status_kb(key: str) -> int | None:
@@ -88,7 +101,7 @@ class PeakMemory:
                 torch.cuda.reset_peak_memory_stats()
                 self.allocated_before = torch.cuda.memory_allocated()
             return self
-        _LIBC.trim()
+        ALLOCATOR.trim()
         try:
             Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
             self.rss_before = _status_kb("VmRSS")
@@ -129,15 +142,21 @@ def _sync(device: str) -> None:
 
 
 def timed(run: Callable[[], list[list[int]]], repeats: int, device: str, foreign_allocator: bool = False,
-          warm: bool = False) -> Timing:
-    """Warm up once (unless ``warm``: the caller already ran it), then the median of ``repeats`` runs."""
+          warm: bool = False, memory_only: bool = False) -> Timing:
+    """Warm up once (unless ``warm``: the caller already ran it), then the median of ``repeats`` runs, with the
+    peak memory over them on CUDA. ``memory_only`` (CPU): one run after the warm-up, measuring peak memory only
+    (the suite's first pass, with the allocator returning freed memory: see the module docstring)."""
     if device == "cuda" and foreign_allocator:  # CTranslate2's cache grows during the warm-up: measure from it
         memory = PeakMemory(device, foreign_allocator)
         memory.__enter__()
         outputs = run()
     else:
         outputs = None if warm else run()
-        memory = PeakMemory(device, foreign_allocator).__enter__()
+        memory = PeakMemory(device, foreign_allocator).__enter__() if device == "cuda" else None
+    if memory_only:
+        with PeakMemory(device, foreign_allocator) as memory:
+            outputs = run()
+        return Timing(None, outputs, memory.mib, memory.approximate)
     times = []
     for _ in range(repeats):
         _sync(device)
@@ -145,6 +164,8 @@ def timed(run: Callable[[], list[list[int]]], repeats: int, device: str, foreign
         outputs = run()
         _sync(device)
         times.append(time.perf_counter() - start)
+    if memory is None:
+        return Timing(statistics.median(times), outputs, all_seconds=times)
     memory.__exit__(None, None, None)
     return Timing(statistics.median(times), outputs, memory.mib, memory.approximate, all_seconds=times)
 
