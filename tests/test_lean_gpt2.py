@@ -211,3 +211,23 @@ def test_lean_step_refusals() -> None:
         num_key_value_heads=1, max_position_embeddings=32, pad_token_id=PAD, eos_token_id=EOS)).eval()
     with pytest.raises(ValueError, match="lean_step=True cannot run this call: model_type 'llama' is not T5"):
         beamsearch.generate(llama, lean_step=True, **kwargs)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("beams", [1, 3])
+def test_an_example_decodes_the_same_alone_and_in_a_padded_batch(implementation: str, beams: int) -> None:
+    """Batch invariance through the lean step: each example alone (no padding) and in a left-padded batch with
+    others, where examples also finish and leave at different steps: the same tokens, scores to 1e-5."""
+    model = gpt2(implementation, seed=4, eos=2.0)
+    ids, mask = inputs(6, seed=4)
+    kwargs = dict(num_beams=beams, max_new_tokens=12, do_sample=False)
+    batch = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)
+    for row in range(ids.shape[0]):
+        keep = mask[row].bool()
+        alone = hf_adapter.search_model(model, input_ids=ids[row, keep][None], **kwargs)
+        width = int(alone.lengths[0, 0])
+        shift = int((~keep).sum())  # the batch's sequences carry the row's left padding
+        assert int(batch.lengths[row, 0]) - shift == width
+        assert torch.equal(batch.sequences[row, 0, shift : shift + width], alone.sequences[0, 0, :width])
+        torch.testing.assert_close(batch.sequences_scores[row], alone.sequences_scores[0], atol=1e-5, rtol=0)
+    assert batch.lengths.min() < batch.lengths.max()
