@@ -231,3 +231,18 @@ def test_an_example_decodes_the_same_alone_and_in_a_padded_batch(implementation:
         assert torch.equal(batch.sequences[row, 0, shift : shift + width], alone.sequences[0, 0, :width])
         torch.testing.assert_close(batch.sequences_scores[row], alone.sequences_scores[0], atol=1e-5, rtol=0)
     assert batch.lengths.min() < batch.lengths.max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_half_precision_equals_transformers(dtype: torch.dtype, implementation: str) -> None:
+    """float16 / bfloat16 weights: tokens and per-step scores bit for bit those of ``model.generate``."""
+    model = gpt2(implementation, seed=3).to(dtype)
+    ids, mask = inputs(4, seed=3)
+    for beams in (1, 3):
+        kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=10, do_sample=False,
+                      return_dict_in_generate=True, output_scores=True)
+        want = model.generate(**kwargs)
+        got = beamsearch.generate(model, lean_step=True, **kwargs)
+        assert torch.equal(got.sequences, want.sequences)
+        assert all(torch.equal(a, b) for a, b in zip(got.scores, want.scores, strict=True))
