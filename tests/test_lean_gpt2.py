@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_hf import generate_both
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
@@ -60,10 +61,7 @@ def test_lean_step_equals_transformers(case: int, implementation: str, padded: b
     ids, mask = inputs(5, seed=case, padded=padded)
     kwargs = dict(CASES[case], max_new_tokens=10, return_dict_in_generate=True, output_scores=True)
     kwargs.setdefault("do_sample", False)
-    torch.manual_seed(7)
-    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-    torch.manual_seed(7)
-    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+    expected, got = generate_both(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, **kwargs)
     assert torch.equal(got.sequences, expected.sequences)
     if kwargs["num_beams"] > 1:
         assert torch.equal(got.sequences_scores, expected.sequences_scores)
@@ -119,7 +117,7 @@ def test_step_logits_are_bitwise_those_of_the_model_forward(implementation: str,
             state.reorder(index)
             sequence = torch.cat([sequence[index], token[:, None]], dim=1)
             logits.append(lean_gpt2_step(sequence, state)[0])
-    assert state.capacity == 16  # the prompt's 7 positions + 1, doubled once
+    assert state.cache.capacity == 16  # the prompt's 7 positions + 1, doubled once
     assert (state.mask is not None) == padded
     assert torch.equal(torch.stack(logits), expected)
 
@@ -161,18 +159,18 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
 def test_finished_examples_leave_the_lean_state(monkeypatch, implementation: str, early_stopping: bool) -> None:
     """EOS made likely: examples (the padded ones among them) finish at different steps and leave the batch,
     their cache rows too; the results equal transformers'."""
-    from beamsearch.adapters.hf_gpt2 import LeanGPT2State
+    from beamsearch.adapters.lean_cache import TimeMajorCache
 
     model = gpt2(implementation, seed=6, eos=2.0)
     ids, mask = inputs(8, seed=6)
     shrinks = []
-    original = LeanGPT2State._gather_rows
+    original = TimeMajorCache.gather_rows
 
-    def recording(state, index):
-        shrinks.append((state.keys[0].shape[1], index.shape[0]))
-        return original(state, index)
+    def recording(cache, index, length):
+        shrinks.append((cache.rows, index.shape[0]))
+        return original(cache, index, length)
 
-    monkeypatch.setattr(LeanGPT2State, "_gather_rows", recording)
+    monkeypatch.setattr(TimeMajorCache, "gather_rows", recording)
     for beams in (1, 3):
         kwargs = dict(num_beams=beams, max_new_tokens=20, early_stopping=early_stopping, do_sample=False)
         expected = model.generate(input_ids=ids, attention_mask=mask, return_dict_in_generate=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_hf import generate_both
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
@@ -60,10 +61,7 @@ def test_lean_step_equals_transformers(case: int, variant: str) -> None:
     ids, mask = inputs(5, seed=case)
     kwargs = dict(CASES[case], max_new_tokens=14, return_dict_in_generate=True, output_scores=case % 2 == 0)
     kwargs.setdefault("do_sample", False)
-    torch.manual_seed(7)
-    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-    torch.manual_seed(7)
-    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+    expected, got = generate_both(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, **kwargs)
     assert torch.equal(got.sequences, expected.sequences)
     if kwargs.get("num_beams", 1) > 1:
         torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
@@ -179,7 +177,7 @@ def test_cache_grows_past_its_capacity() -> None:
                 state.reorder(torch.tensor([1, 0, 2, 2, 5, 4]))  # rows move within their example
                 steps.append(state.forward(torch.full((6,), 3 + position)))
             logits.append(torch.stack(steps))
-    assert states[0].capacity == 8
+    assert states[0].cache.capacity == 8
     assert torch.equal(logits[0], logits[1])
 
 

@@ -78,3 +78,14 @@ def random_inputs(model, batch_size: int, generator: torch.Generator):
             mask[row, :cut] = 0
             ids[row, :cut] = pad
     return ids, mask
+
+
+def generate_both(model, ours: dict | None = None, seed: int = 7, **kwargs):
+    """``model.generate(**kwargs)`` and ``beamsearch.generate(model, **kwargs, **ours)`` (``ours``: options only
+    beamsearch takes), each after ``torch.manual_seed(seed)`` so that sampling draws alike: (transformers', ours)."""
+    import beamsearch
+
+    torch.manual_seed(seed)
+    expected = model.generate(**kwargs)
+    torch.manual_seed(seed)
+    return expected, beamsearch.generate(model, **kwargs, **(ours or {}))

@@ -10,10 +10,10 @@ leaves into buffers of its own, and from then on calls the blocks' modules direc
 - keys and values are preallocated time-major (``[T, N, H, d]`` per layer): a step writes one slice, and the
   attention reads a strided view of the filled part (no ``cat``);
 - the prompt positions are equal across an example's rows (the expansion copied them), so a beam reorder,
-  which stays within examples, gathers only the generated positions ``[P, length)``: into one scratch buffer
-  shared by all layers, then back in place (two copies of the generated part instead of one of the whole
-  cache, and no second cache: for long prompts the reorder no longer grows with the prompt); when whole
-  examples leave the batch everything is gathered into new buffers;
+  which stays within examples, need not move them: while fewer than half the positions are generated ones, it
+  gathers only those into the cache's spare buffer and copies them back (for long prompts the reorder no longer
+  grows with the prompt; ``TimeMajorCache.reorder``); when whole examples leave the batch everything is
+  gathered into new buffers;
 - positions continue from the prompt's last position id (transformers' ``cumsum(mask) - 1``), and the left
   padding of the prompt stays blocked by a per-row mask over the cache;
 - attention is computed as the model's attention implementation computes it (``sdpa``: the same
@@ -35,6 +35,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from .lean_cache import TimeMajorCache
 
 # model_kwargs the lean step understands (anything else given makes it step aside)
 _KNOWN_KWARGS = ("attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep")
@@ -78,10 +80,10 @@ def lean_gpt2_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: 
 class LeanGPT2State:
     """Decoder state of a GPT-2 model between steps, reordered by the engine like any state.
 
-    Per row: the keys and values ``[T, N, H, d]`` of every layer (filled up to ``length``; the first
-    ``prompt_length`` positions equal across an example's rows), one scratch buffer of that shape for reorders;
-    the next position id ``[N]``; and, when the rows hold left padding, the attention mask over the cache
-    ``[N, T]`` (boolean for ``sdpa``, additive for ``eager``).
+    Per row: the keys and values of every layer (a :class:`TimeMajorCache`, filled up to ``length``; the first
+    ``prompt_length`` positions equal across an example's rows); the next position id ``[N]``; and, when the
+    rows hold left padding, the attention mask over the cache ``[N, T]`` (boolean for ``sdpa``, additive for
+    ``eager``).
 
     Before the first step the engine's reorders only compose the expansion index ``[N]`` (the example of each
     row); the prefill runs the prompt for the B examples and then applies it.
@@ -97,10 +99,8 @@ class LeanGPT2State:
         self.scaling = attention.scaling
         self.sdpa = model.config._attn_implementation == "sdpa"
         self.dtype = model.transformer.wte.weight.dtype
-        self.capacity = max_length
-        self.keys: list[torch.Tensor] = []  # per layer [T, N, H, d]; made by the prefill
-        self.values: list[torch.Tensor] = []
-        self.scratch: torch.Tensor | None = None  # [T, N, H, d], made by the first reorder after the prefill
+        self.max_length = max_length
+        self.cache: TimeMajorCache | None = None  # made by the prefill
         self.positions: torch.Tensor | None = None  # [N] position id of the next token of each row
         self.mask: torch.Tensor | None = None  # [N, T] over the cache; None when no row holds padding
         self.length = 0
@@ -114,19 +114,14 @@ class LeanGPT2State:
         if self.length == 0:
             self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
             return self
-        rows = self.keys[0].shape[1]
-        if index.shape[0] != rows:  # whole examples left the batch
-            self._gather_rows(index)
-            return self
-        if self.scratch is None:
-            self.scratch = torch.empty_like(self.keys[0])
-        start = self.prompt_length if self._within_examples(index) else 0
-        if start == 0:  # rows moved across examples (not done by the engine): the per-row state moves too
+        if index.shape[0] != self.cache.rows:  # whole examples left the batch
+            self.cache.gather_rows(index, self.length)
             self._select_row_state(index)
-        filled, scratch = slice(start, self.length), self.scratch[: self.length - start]
-        for buffer in self.keys + self.values:
-            torch.index_select(buffer[filled], 1, index, out=scratch)
-            buffer[filled] = scratch
+        elif self._within_examples(index):
+            self.cache.reorder(index, self.length, fixed=self.prompt_length)
+        else:  # rows moved across examples (not done by the engine): the per-row state moves too
+            self.cache.reorder(index, self.length)
+            self._select_row_state(index)
         return self
 
     def _within_examples(self, index: torch.Tensor) -> bool:
@@ -142,27 +137,9 @@ class LeanGPT2State:
             if self.sdpa and bool(self.mask[:, : self.prompt_length].all()):
                 self.mask = None  # transformers skips the sdpa mask when the rows hold no padding
 
-    def _gather_rows(self, index: torch.Tensor) -> None:
-        """New buffers holding the rows ``index`` (fewer rows: examples left); the scratch is made when needed."""
-        def gathered(cache: torch.Tensor) -> torch.Tensor:
-            out = cache.new_empty((cache.shape[0], index.shape[0], *cache.shape[2:]))
-            out[: self.length] = cache[: self.length].index_select(1, index)
-            return out
-
-        self.scratch = None  # freed before the new buffers are made
-        self.keys = [gathered(keys) for keys in self.keys]
-        self.values = [gathered(values) for values in self.values]
-        self._select_row_state(index)
-
     def _grow(self) -> None:
         """More positions than ``max_length`` (a stopping rule of the caller's): double the buffers."""
-        self.capacity *= 2
-        self.scratch = None
-        for buffers in (self.keys, self.values):
-            for layer, old in enumerate(buffers):
-                new = old.new_empty((self.capacity, *old.shape[1:]))
-                new[: self.length] = old[: self.length]
-                buffers[layer] = new
+        self.cache.grow(self.length)
         if self.mask is not None:
             mask = self._fresh_mask(self.mask.shape[0])
             mask[:, : self.length] = self.mask[:, : self.length]
@@ -171,8 +148,8 @@ class LeanGPT2State:
     def _fresh_mask(self, rows: int) -> torch.Tensor:
         """A mask ``[rows, T]`` that lets every position through (positions past the prompt are never padding)."""
         if self.sdpa:
-            return torch.ones((rows, self.capacity), dtype=torch.bool, device=self.positions.device)
-        return torch.zeros((rows, self.capacity), dtype=self.dtype, device=self.positions.device)
+            return torch.ones((rows, self.cache.capacity), dtype=torch.bool, device=self.positions.device)
+        return torch.zeros((rows, self.cache.capacity), dtype=self.dtype, device=self.positions.device)
 
     # ------------------------------------------------------------------ steps
 
@@ -187,13 +164,15 @@ class LeanGPT2State:
         outputs = self.model._prefill(tokens.index_select(0, first), self.generation_config, kwargs)
         cache = outputs.past_key_values
         self.prompt_length = tokens.shape[1]
-        self.capacity = max(self.capacity, self.prompt_length + 1)
-        shape = (self.capacity, rows, self.heads, self.head_size)
-        for layer in range(len(self.blocks)):
-            for buffers, prompt in ((self.keys, cache.layers[layer].keys), (self.values, cache.layers[layer].values)):
-                buffer = torch.empty(shape, dtype=prompt.dtype, device=prompt.device)
-                buffer[: self.prompt_length] = prompt.index_select(0, expansion).permute(2, 0, 1, 3)  # [P, N, H, d]
-                buffers.append(buffer)
+        shape = (max(self.max_length, self.prompt_length + 1), rows, self.heads, self.head_size)
+
+        def buffer(prompt: torch.Tensor) -> torch.Tensor:  # [B, H, P, d] -> [T, N, H, d], the prompt filled in
+            out = torch.empty(shape, dtype=prompt.dtype, device=prompt.device)
+            out[: self.prompt_length] = prompt.index_select(0, expansion).permute(2, 0, 1, 3)
+            return out
+
+        self.cache = TimeMajorCache([buffer(layer.keys) for layer in cache.layers],
+                                    [buffer(layer.values) for layer in cache.layers])
         self.positions = kwargs["position_ids"].expand(examples, -1)[:, -1].index_select(0, expansion) + 1
         prompt_mask = kwargs.get("attention_mask")
         if prompt_mask is not None and not (self.sdpa and bool(prompt_mask.all())):
@@ -209,7 +188,7 @@ class LeanGPT2State:
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """One position for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32); the cache grows by one."""
-        if self.length == self.capacity:
+        if self.length == self.cache.capacity:
             self._grow()
         position, rows = self.length, tokens.shape[0]
         transformer = self.model.transformer
@@ -228,11 +207,9 @@ class LeanGPT2State:
         """Self-attention of the new position over the cache: ``[N, 1, D]`` -> ``[N, 1, D]`` (before the residual)."""
         rows, heads, size = normed.shape[0], self.heads, self.head_size
         query, key, value = attention.c_attn(normed).split(self.width, dim=2)  # [N, 1, D] each
-        self.keys[layer][position] = key.view(rows, heads, size)
-        self.values[layer][position] = value.view(rows, heads, size)
+        keys, values = self.cache.write(layer, position, key.view(rows, heads, size),
+                                        value.view(rows, heads, size))  # [N, H, t, d]
         query = query.view(rows, 1, heads, size).transpose(1, 2)  # [N, H, 1, d]
-        keys = self.keys[layer][: position + 1].permute(1, 2, 0, 3)  # [N, H, t, d]
-        values = self.values[layer][: position + 1].permute(1, 2, 0, 3)
         if self.sdpa:
             mixed = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask,
                                                                      dropout_p=0.0, scale=self.scaling)

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from .lean_cache import TimeMajorCache
+
 
 def lean_t5_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
     """Why the lean step cannot run this model and call (None: it can)."""
@@ -81,9 +83,8 @@ class LeanT5State:
 
     Cross-attention keys and values ``[C, H, S, d]`` of every layer and the additive source mask
     ``[C, 1, 1, S]``, where C is B (``share_encoder_state``: an example's K rows query one copy) or N (one copy
-    per row, as transformers computes it). Per row: the self-attention keys and values ``[T, N, H, d]`` of every
-    layer (filled up to ``length``), plus one spare buffer of that shape that each reorder gathers into and swaps
-    with the buffer it reordered (so 2L + 1 buffers, not 4L).
+    per row, as transformers computes it). Per row: the self-attention keys and values of every layer, filled up
+    to ``length`` (a :class:`TimeMajorCache`).
     """
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
@@ -94,7 +95,7 @@ class LeanT5State:
         self.heads, self.head_size = attention.n_heads, attention.key_value_proj_dim
         self.bias_module = attention
         self.scale = _output_scale(model)
-        self.capacity = max_length
+        self.max_length = max_length  # the cache's first capacity
         self.dtype = encoder_hidden.dtype
         self.sdpa = model.config._attn_implementation == "sdpa"
         self.share_encoder_state = share_encoder_state
@@ -109,9 +110,7 @@ class LeanT5State:
         else:  # transformers' cross-attention bias without padding: zeros
             self.source_bias = torch.zeros((1, self.heads, 1, encoder_hidden.shape[1]), dtype=self.dtype,
                                            device=encoder_hidden.device)
-        self.keys: list[torch.Tensor] = []  # per layer [T, N, H, d]; allocated by the first step
-        self.values: list[torch.Tensor] = []
-        self.spare: torch.Tensor | None = None
+        self.cache: TimeMajorCache | None = None  # allocated by the first step
         self.length = 0
         self.rows_per_example = 1
         self.expansion: torch.Tensor | None = None  # [N] example of each row, until the first step applies it
@@ -142,15 +141,10 @@ class LeanT5State:
         if self.length == 0:
             self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
             return self
-        rows = self.keys[0].shape[1]
-        if index.shape[0] != rows:  # whole examples left the batch
+        if index.shape[0] != self.cache.rows:  # whole examples left the batch
             self._drop_examples(index)
-            return self
-        filled = self.length
-        for layer in range(len(self.blocks)):
-            for buffers in (self.keys, self.values):
-                torch.index_select(buffers[layer][:filled], 1, index, out=self.spare[:filled])
-                buffers[layer], self.spare = self.spare, buffers[layer]
+        else:
+            self.cache.reorder(index, self.length)
         return self
 
     def _drop_examples(self, index: torch.Tensor) -> None:
@@ -160,42 +154,14 @@ class LeanT5State:
         else:
             self._select_cross(index)
         self.examples = index.shape[0] // per_example
-        self._gather_rows(index)
-
-    def _gather_rows(self, index: torch.Tensor) -> None:
-        """New self-attention buffers holding the rows ``index`` (a different number of rows: expansion to the
-        beams, examples leaving), and a spare of their shape."""
-        def gathered(cache: torch.Tensor) -> torch.Tensor:
-            out = cache.new_empty((cache.shape[0], index.shape[0], *cache.shape[2:]))
-            out[: self.length] = cache[: self.length].index_select(1, index)
-            return out
-
-        self.keys = [gathered(keys) for keys in self.keys]
-        self.values = [gathered(values) for values in self.values]
-        self.spare = torch.empty_like(self.keys[0])
+        self.cache.gather_rows(index, self.length)
 
     # ------------------------------------------------------------------ step
 
-    def _allocate(self, rows: int, device: torch.device) -> None:
-        shape = (self.capacity, rows, self.heads, self.head_size)
-        for buffers in (self.keys, self.values):
-            buffers[:] = [torch.empty(shape, dtype=self.dtype, device=device) for _ in self.blocks]
-
-    def _grow(self) -> None:
-        """More positions than ``max_length`` (a stopping rule of the caller's): double the buffers."""
-        self.capacity *= 2
-        for buffers in (self.keys, self.values):
-            for layer, old in enumerate(buffers):
-                new = old.new_empty((self.capacity, *old.shape[1:]))
-                new[: self.length] = old[: self.length]
-                buffers[layer] = new
-        if self.spare is not None:
-            self.spare = torch.empty_like(self.keys[0])
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """One position for every row: tokens ``[R]`` -> logits ``[R, V]`` (float32); the cache grows by one."""
-        if self.length == self.capacity:
-            self._grow()
+        if self.length == self.cache.capacity:  # a stopping rule of the caller's went past max_length
+            self.cache.grow(self.length)
         position, rows = self.length, tokens.shape[0]
         queries_per_key = rows // self.cross_keys[0].shape[0]  # K with a shared encoder state, else 1
         hidden = self.model.decoder.embed_tokens(tokens)  # [R, D]
@@ -216,11 +182,9 @@ class LeanT5State:
         attention = sublayer.SelfAttention
         normed = sublayer.layer_norm(hidden)
         rows, heads, size = hidden.shape[0], self.heads, self.head_size
-        self.keys[layer][position] = attention.k(normed).view(rows, heads, size)
-        self.values[layer][position] = attention.v(normed).view(rows, heads, size)
+        keys, values = self.cache.write(layer, position, attention.k(normed).view(rows, heads, size),
+                                        attention.v(normed).view(rows, heads, size))  # [N, H, t, d]
         query = attention.q(normed).view(rows, 1, heads, size).transpose(1, 2)  # [N, H, 1, d]
-        keys = self.keys[layer][: position + 1].permute(1, 2, 0, 3)  # [N, H, t, d]
-        values = self.values[layer][: position + 1].permute(1, 2, 0, 3)
         mixed = self.attend(query, keys, values, bias).view(rows, heads * size)
         return hidden + attention.o(mixed)
 
@@ -241,10 +205,11 @@ class LeanT5State:
             expansion = torch.arange(rows, device=tokens.device)
         first = torch.searchsorted(expansion, torch.arange(self.examples, device=expansion.device))
         tokens = tokens.index_select(0, first)  # [B, t0]: one row per example
-        self._allocate(self.examples, tokens.device)
+        shape = (self.max_length, self.examples, self.heads, self.head_size)
+        self.cache = TimeMajorCache.empty(len(self.blocks), shape, self.dtype, tokens.device)
         for column in range(tokens.shape[1]):
             logits = self.forward(tokens[:, column])
-        self._gather_rows(expansion)
+        self.cache.gather_rows(expansion, self.length)
         self.rows_per_example = rows // self.examples
         if not self.share_encoder_state:
             self._select_cross(expansion)

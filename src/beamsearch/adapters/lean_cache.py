@@ -1,0 +1,83 @@
+"""The self-attention cache of the lean steps (``hf_t5.py``, ``hf_gpt2.py``): preallocated and time-major.
+
+Legend: L layers, T capacity (positions), N rows, H heads, d head size, t positions filled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class TimeMajorCache:
+    """Keys and values ``[T, N, H, d]`` of every layer, filled up to the caller's length, and one spare buffer of
+    that shape for reorders (2L + 1 buffers, not 4L).
+
+    Time-major, a step writes one slice (no ``torch.cat``), a reorder gathers rows of the filled part only, and
+    attention reads strided ``[N, H, t, d]`` views.
+    """
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        self.keys, self.values = keys, values
+        self.spare: torch.Tensor | None = None  # made by the first reorder
+
+    @classmethod
+    def empty(cls, layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> TimeMajorCache:
+        return cls(*([torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)] for _ in range(2)))
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.keys[0].shape[1]
+
+    def write(self, layer: int, position: int, key: torch.Tensor, value: torch.Tensor):
+        """Store the key and value ``[N, H, d]`` of ``position``; returns the layer's keys and values up to it,
+        ``[N, H, t, d]`` views."""
+        keys, values = self.keys[layer], self.values[layer]
+        keys[position], values[position] = key, value
+        return keys[: position + 1].permute(1, 2, 0, 3), values[: position + 1].permute(1, 2, 0, 3)
+
+    def reorder(self, index: torch.Tensor, length: int, fixed: int = 0) -> None:
+        """Rows ``index`` (as many rows as now); positions ``< fixed`` are equal across the rows that ``index``
+        merges (an example's copies of its prompt), so they need not move.
+
+        Either the filled part of each buffer is gathered into the spare and the two swap (one copy of ``length``
+        positions), or, when fewer than half the positions move, the moving ones are gathered into the spare and
+        copied back (two copies of ``length - fixed``)."""
+        if self.spare is None:
+            self.spare = torch.empty_like(self.keys[0])
+        moving = length - fixed
+        if 2 * moving < length:
+            part = self.spare[:moving]
+            for buffer in self.keys + self.values:
+                torch.index_select(buffer[fixed:length], 1, index, out=part)
+                buffer[fixed:length] = part
+            return
+        for buffers in (self.keys, self.values):
+            for layer, buffer in enumerate(buffers):
+                torch.index_select(buffer[:length], 1, index, out=self.spare[:length])
+                buffers[layer], self.spare = self.spare, buffer
+
+    def gather_rows(self, index: torch.Tensor, length: int) -> None:
+        """New buffers holding the rows ``index``, another number of rows (expansion to beams, examples leaving)."""
+        def gathered(buffer: torch.Tensor) -> torch.Tensor:
+            out = buffer.new_empty((buffer.shape[0], index.shape[0], *buffer.shape[2:]))
+            out[:length] = buffer[:length].index_select(1, index)
+            return out
+
+        self.spare = None  # freed before the new buffers are made
+        self.keys = [gathered(keys) for keys in self.keys]
+        self.values = [gathered(values) for values in self.values]
+
+    def grow(self, length: int) -> None:
+        """Double the capacity (a stopping rule of the caller's went past it), keeping ``length`` positions."""
+        def grown(buffer: torch.Tensor) -> torch.Tensor:
+            new = buffer.new_empty((2 * buffer.shape[0], *buffer.shape[1:]))
+            new[:length] = buffer[:length]
+            return new
+
+        self.spare = None
+        self.keys = [grown(keys) for keys in self.keys]
+        self.values = [grown(values) for values in self.values]
