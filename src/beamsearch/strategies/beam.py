@@ -20,6 +20,7 @@ from ..compaction import ActiveExamples
 from ..processors.pipeline import run_processors
 from ..ranking import PoolKeys, SequenceScorer, UniqueKey, score_candidates
 from ..results import FinishReason, SearchResult
+from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import StepTrace
 
@@ -152,12 +153,12 @@ class BeamSearch:
     def _grow(self, log_probs: torch.Tensor):
         """Top (or sampled) C continuations of each example. ``log_probs`` is ``[B, K, V]``."""
         b, k, vocab = log_probs.shape
-        totals = (log_probs + self.running_scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
         if self.do_sample:
+            totals = (log_probs + self.running_scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
             flat = torch.multinomial(torch.softmax(totals, dim=-1), num_samples=self.num_candidates)  # [B, C]
             scores = torch.gather(totals, 1, flat)  # [B, C]
         else:
-            scores, flat = self._choose_candidates(totals)  # [B, C]
+            scores, flat = self._choose_candidates(log_probs)  # [B, C]
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         position = self.length - self.prompt_length
         sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
@@ -168,9 +169,10 @@ class BeamSearch:
         token_log_probs[:, :, position] = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)
         return scores, sequences, beam_indices, token_log_probs, parents
 
-    def _choose_candidates(self, totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The C candidates of each example from ``totals [B, K*V]``: (their scores, flat positions), best first."""
-        return torch.topk(totals, k=self.num_candidates)
+    def _choose_candidates(self, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The C candidates of each example from ``log_probs [B, K, V]``: (their totals with the beam scores,
+        positions in ``[K*V]``), best first; transformers' ``topk`` over the ``[B, K*V]`` totals."""
+        return top_totals(log_probs, self.running_scores, self.num_candidates)
 
     def _choose_running(self, live_scores: torch.Tensor) -> torch.Tensor:
         """Candidate positions ``[B, K]`` of the next live beams, best first, from ``live_scores [B, C]``."""

@@ -135,10 +135,10 @@ class ConstrainedBeamSearch(BeamSearch):
         self._candidate_bank = torch.gather(self._banks.reshape(b, k * vocab), 1, flat)  # [B, C]
         return scores, sequences, beam_indices, token_log_probs, parents
 
-    def _choose_candidates(self, totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, kv = totals.shape
-        k, c = self.rows_per_example, self.num_candidates
-        vocab = kv // k
+    def _choose_candidates(self, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, k, vocab = log_probs.shape
+        c, kv = self.num_candidates, k * vocab
+        totals = (log_probs + self.running_scores[:, :, None]).reshape(b, kv)  # [B, K*V]
         union = torch.zeros_like(totals, dtype=torch.bool)
         union.scatter_(1, torch.topk(totals, k=c)[1], True)  # the usual top C
         union |= self._advancing.reshape(b, kv)  # tokens that start or continue an unmet constraint

@@ -35,6 +35,7 @@ import torch
 from ..beams import flatten_beams, gather_beams, unflatten_beams
 from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
+from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import StepTrace
 
@@ -119,8 +120,7 @@ class CT2BeamSearch:
     def _grow(self, log_probs: torch.Tensor):
         """The top C = 2K continuations of each example. ``log_probs`` is ``[B, K, V]``."""
         b, k, vocab = log_probs.shape
-        totals = (log_probs + self.running_scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
-        scores, flat = torch.topk(totals, k=2 * k)  # [B, C]
+        scores, flat = top_totals(log_probs, self.running_scores, 2 * k)  # [B, C]: topk of the [B, K*V] sums
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         position = self.length - self.prompt_length
         sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
