@@ -25,6 +25,7 @@ Peak memory:
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import statistics
 import time
@@ -37,6 +38,7 @@ import torch
 import beamsearch
 from beamsearch.adapters.hf import search_model
 from beamsearch.adapters.hf_gpt2 import LeanGPT2State
+from beamsearch.adapters.hf_llama import LeanLlamaState
 from beamsearch.adapters.hf_t5 import LeanT5State
 
 
@@ -235,8 +237,8 @@ def _best(logits: torch.Tensor) -> torch.Tensor:
 def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable[[], list[list[int]]]:
     """The same model forwards with the KV cache and no search: the prompt (encoder, first decoder step, or
     the decoder-only prefill) once per example, then ``steps - 1`` steps of B*K rows, each feeding the row's
-    argmax. No log-softmax, top-k, beam bookkeeping or cache reordering. On T5 and GPT-2 models it runs the lean
-    step, as ours does, so that ours/floor is the search's overhead."""
+    argmax. No log-softmax, top-k, beam bookkeeping or cache reordering. On T5, GPT-2 and Llama models it runs the
+    lean step, as ours does, so that ours/floor is the search's overhead."""
     from transformers.modeling_outputs import BaseModelOutput
 
     model, k = workload.model, num_beams
@@ -300,13 +302,14 @@ def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable
         return torch.stack(tokens, 1)
 
     @torch.no_grad()
-    def run_lean_gpt2():  # the same step as ours on GPT-2: the prompt once per example, then the lean step
+    def run_lean_decoder_only(state_class):
+        """The same step as ours on GPT-2 and Llama: the prompt once per example, then the lean step."""
         from transformers import DynamicCache
 
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as transformers' generate
         kwargs = {"attention_mask": mask, "position_ids": positions, "use_cache": True, "logits_to_keep": 1,
                   "past_key_values": DynamicCache(config=model.config)}
-        state = LeanGPT2State(model, kwargs, model.generation_config, ids.shape[1] + steps)
+        state = state_class(model, kwargs, model.generation_config, ids.shape[1] + steps)
         state.reorder(torch.arange(size, device=ids.device).repeat_interleave(k))
         token = _best(state.prefill(ids.repeat_interleave(k, dim=0)))
         tokens = [token]
@@ -317,8 +320,12 @@ def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable
 
     if workload.encoder_decoder:
         body = run_lean_t5 if workload.lean_t5 else run_encoder_decoder
+    elif workload.lean_gpt2:
+        body = functools.partial(run_lean_decoder_only, LeanGPT2State)
+    elif workload.lean_llama:
+        body = functools.partial(run_lean_decoder_only, LeanLlamaState)
     else:
-        body = run_lean_gpt2 if workload.lean_gpt2 else run_decoder_only
+        body = run_decoder_only
 
     def run():
         tokens = body()

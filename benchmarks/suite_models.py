@@ -24,6 +24,8 @@ FIRST_WORD = 4  # random inputs are drawn from [FIRST_WORD, vocab)
 
 T5_SMALL = dict(d_model=512, d_ff=2048, layers=6, heads=8, vocab=32128)
 GPT2_SMALL = dict(n_embd=768, n_inner=3072, n_layer=12, n_head=12, vocab=50257)
+# A small Llama-shaped decoder: grouped-query attention (8 query heads sharing 4 key/value heads, head size 64)
+LLAMA_SMALL = dict(hidden=512, intermediate=1408, layers=8, heads=8, kv_heads=4, vocab=32000)
 SOURCE_LENGTH = 32
 NEW_TOKENS = 48
 GPT2_PROMPT_LENGTHS = (8, 32)  # mixed prompt lengths, left-padded
@@ -66,6 +68,13 @@ class Workload:
         from beamsearch.adapters.hf_gpt2 import lean_gpt2_reason
 
         return lean_gpt2_reason(self.model, {}, needs_attention=False) is None
+
+    @property
+    def lean_llama(self) -> bool:
+        """Whether beamsearch runs this model with the lean Llama step."""
+        from beamsearch.adapters.hf_llama import lean_llama_reason
+
+        return lean_llama_reason(self.model, {}, needs_attention=False) is None
 
     def batch(self, size: int, device: str) -> dict[str, torch.Tensor]:
         """The first ``size`` inputs, padded (right for encoders, left for decoder-only prompts)."""
@@ -205,7 +214,31 @@ def _gpt2(work: Path, count: int) -> Workload:
     )
 
 
-MODELS = ("t5-small", "t5-small-eos", "g2p", "gpt2")
+def _llama(work: Path, count: int) -> Workload:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = LLAMA_SMALL
+    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                         intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
+                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                         max_position_embeddings=1024, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    directory = work / "llama"
+    model.save_pretrained(directory)
+    vocabulary = _names(shape["vocab"])
+    _word_tokenizer(vocabulary, directory)
+    return Workload(
+        name="llama", description=f"random Llama, shape {tuple(shape.values())} (hidden, intermediate, layers, "
+        f"heads, key/value heads, vocab), prompts of {GPT2_PROMPT_LENGTHS[0]}-{GPT2_PROMPT_LENGTHS[1]} tokens "
+        f"left-padded, {NEW_TOKENS} new tokens, EOS suppressed",
+        model=model, encoder_decoder=False, hf_dir=directory, vocabulary=vocabulary,
+        sources=_random_sources(count, shape["vocab"], GPT2_PROMPT_LENGTHS, seed=3), max_new_tokens=NEW_TOKENS,
+        eos=False, pad_token_id=PAD, eos_token_id=EOS, start_token_id=None,
+    )
+
+
+MODELS = ("t5-small", "t5-small-eos", "g2p", "gpt2", "llama")
 
 
 def build(name: str, work: Path, count: int) -> Workload:
@@ -218,4 +251,6 @@ def build(name: str, work: Path, count: int) -> Workload:
         return _g2p(work, count)
     if name == "gpt2":
         return _gpt2(work, count)
+    if name == "llama":
+        return _llama(work, count)
     raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")

@@ -21,6 +21,7 @@ from ..engine import search
 from ..options import TOOLKIT_OPTIONS, UNSUPPORTED_OPTIONS, SearchOptions, apply_preset, is_neutral
 from ..results import SearchResult, concatenate
 from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
+from .hf_llama import LeanLlamaState, lean_llama_reason, lean_llama_step
 from .hf_outputs import to_hf_output
 from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
 
@@ -231,6 +232,10 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
             reason = lean_gpt2_reason(model, model_kwargs, needs_attention)
             if reason is None:
                 return lean_gpt2_step, LeanGPT2State(model, model_kwargs, config, options.max_length)
+        elif getattr(model.config, "model_type", None) == "llama" and not share_encoder_state:
+            reason = lean_llama_reason(model, model_kwargs, needs_attention)
+            if reason is None:
+                return lean_llama_step, LeanLlamaState(model, model_kwargs, config, options.max_length)
         else:
             reason = lean_t5_reason(model, model_kwargs, needs_attention)
             if reason is None:

@@ -1,0 +1,336 @@
+"""The lean Llama step (``adapters/hf_llama.py``): logits bit for bit those of the model's forward with its cache
+(grouped-query, multi-query and multi-head attention; sdpa and eager; the tested rotary types), generate() equal to
+transformers and to the generic step, finished examples leaving, batch invariance, half precision, refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_hf import generate_both, tiny_model
+
+import beamsearch
+from beamsearch.adapters import hf as hf_adapter
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 50
+PAD, EOS = 2, 1
+ROPES = {
+    "default": None,
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},  # refused
+}
+
+
+def llama(implementation: str = "sdpa", seed: int = 0, heads: int = 4, kv_heads: int = 2, eos: float = 1.3,
+          rope: str = "default", **overrides):
+    """A small random Llama (head size 8, weights of std 0.4, an untied output layer of std 0.8 with its EOS row
+    scaled by ``eos``): peaked, input-dependent next-token distributions."""
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=8,
+                                      max_position_embeddings=128, bos_token_id=0, eos_token_id=EOS,
+                                      pad_token_id=PAD, tie_word_embeddings=False, initializer_range=0.4,
+                                      rope_parameters=ROPES[rope], **overrides)
+    config._attn_implementation = implementation
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.8)
+        model.lm_head.weight[EOS] *= eos
+    return model
+
+
+def inputs(batch: int, seed: int = 0, length: int = 9, padded: bool = True):
+    """Token ids ``[B, P]`` and a mask with left padding of mixed lengths (none in the first row)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch if padded else 0):
+        cut = row % 5
+        if cut:
+            ids[row, :cut], mask[row, :cut] = PAD, 0
+    return ids, mask
+
+
+def reference_logits(model, ids, mask, rows_per_example, parents, tokens, padded):
+    """The model's own forward with its cache: the prompt once per example, its cache and logits expanded to the
+    example's rows (as the generic step does), then one token a step after reordering the cache by ``parents``;
+    positions and mask as transformers' generate makes them."""
+    expand = torch.arange(ids.shape[0]).repeat_interleave(rows_per_example)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    cache = transformers.DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask if padded else None, position_ids=positions, past_key_values=cache,
+                use_cache=True, logits_to_keep=1)
+    cache.reorder_cache(expand)
+    logits = [out.logits[expand, -1]]
+    mask, last = mask[expand], positions[expand, -1:]
+    for index, token in zip(parents, tokens, strict=True):
+        cache.reorder_cache(index)
+        mask, last = torch.cat([mask[index], torch.ones_like(mask[:, :1])], dim=1), last[index] + 1
+        out = model(input_ids=token[:, None], attention_mask=mask if padded else None, position_ids=last,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits.append(out.logits[:, -1])
+    return torch.stack(logits)
+
+
+def lean_logits(model, ids, mask, rows_per_example, parents, tokens, padded):
+    """The same steps through the lean state (room for the prompt and one position, so that it grows)."""
+    from beamsearch.adapters.hf_llama import LeanLlamaState, lean_llama_step
+
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    kwargs = {"attention_mask": mask if padded else None, "position_ids": positions, "use_cache": True,
+              "past_key_values": transformers.DynamicCache(config=model.config), "logits_to_keep": 1}
+    state = LeanLlamaState(model, kwargs, model.generation_config, max_length=3)
+    state.reorder(torch.arange(ids.shape[0]).repeat_interleave(rows_per_example))
+    sequence = ids.repeat_interleave(rows_per_example, dim=0)
+    logits = [lean_llama_step(sequence, state)[0]]
+    for index, token in zip(parents, tokens, strict=True):
+        state.reorder(index)
+        sequence = torch.cat([sequence[index], token[:, None]], dim=1)
+        logits.append(lean_llama_step(sequence, state)[0])
+    return torch.stack(logits), state
+
+
+def compare_steps(model, padded: bool):
+    """Lean and reference logits ``[steps + 1, N, V]`` for 3 examples of 3 rows, and the lean state."""
+    ids, mask = inputs(3, seed=11, length=7, padded=padded)
+    per_example, rows, steps = 3, 9, 8
+    generator = torch.Generator().manual_seed(3)
+    parents = [torch.arange(rows) // per_example * per_example + torch.randint(per_example, (rows,),
+                                                                                generator=generator)
+               for _ in range(steps)]
+    tokens = [torch.randint(3, VOCAB, (rows,), generator=generator) for _ in range(steps)]
+    with torch.no_grad():
+        expected = reference_logits(model, ids, mask, per_example, parents, tokens, padded)
+        got, state = lean_logits(model, ids, mask, per_example, parents, tokens, padded)
+    return got, expected, state
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (4, 1), (4, 4)])
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_step_logits_are_bitwise_those_of_the_model_forward(implementation: str, padded: bool, heads: int,
+                                                            kv_heads: int) -> None:
+    """Each step's logits equal the model's forward with its cache (torch.equal), rows reordered within their
+    examples between steps; grouped-query, multi-query and multi-head attention; the state grows past its start.
+    (sdpa with grouped queries takes two paths, ``enable_gqa`` without a mask and a packed query with one: taking
+    the other one changes the bits, so the padded and unpadded cases check that the lean step picks as
+    transformers does.)"""
+    model = llama(implementation, seed=11, heads=heads, kv_heads=kv_heads)
+    got, expected, state = compare_steps(model, padded)
+    assert state.cache.capacity == 16  # the prompt's 7 positions + 1, doubled once
+    assert state.cache.keys[0].shape[2] == kv_heads  # the cache holds the key/value heads, not repeated ones
+    assert (state.mask is not None) == (padded or implementation == "eager")
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_half_precision_step_logits_are_bitwise_those_of_the_model_forward(implementation: str, padded: bool,
+                                                                           dtype: torch.dtype) -> None:
+    """The same in float16 / bfloat16 (eager's mask in the model's dtype, its softmax in float32 cast back)."""
+    model = llama(implementation, seed=5).to(dtype)
+    got, expected, state = compare_steps(model, padded)
+    assert state.cache.keys[0].dtype == dtype
+    assert torch.equal(got, expected.float())
+
+
+@pytest.mark.parametrize("rope", ["linear", "llama3", "yarn"])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_rotary_types_are_bitwise_those_of_the_model_forward(implementation: str, rope: str) -> None:
+    """Scaled rotary embeddings (frequencies fixed at load time; positions past the original context of 8)."""
+    model = llama(implementation, seed=2, rope=rope)
+    assert model.model.rotary_emb.rope_type == rope
+    got, expected, _ = compare_steps(model, padded=True)
+    assert torch.equal(got, expected)
+    plain, _, _ = compare_steps(llama(implementation, seed=2), padded=True)
+    assert not torch.equal(got, plain)  # the scaling is in effect
+
+
+CASES = [
+    dict(num_beams=1),
+    dict(num_beams=1, do_sample=True, top_k=5, num_return_sequences=2),
+    dict(num_beams=3, early_stopping=True, length_penalty=0.5),
+    dict(num_beams=4, num_return_sequences=2, early_stopping=False),
+    dict(num_beams=4, early_stopping="never", length_penalty=2.0),
+    dict(num_beams=2, length_penalty=-1.0, num_return_sequences=2),
+]
+
+
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_lean_step_equals_transformers(case: int, implementation: str, padded: bool) -> None:
+    """Tokens identical to ``model.generate``, sequence and per-step scores to 1e-5; bit for bit where each example
+    has one row. (transformers runs the prompt on the expanded rows, the lean and generic steps once per example:
+    the prompt's logits and cache may then differ in the last bit, see the step tests.)"""
+    model = llama(implementation, seed=case, kv_heads=(2, 1, 4)[case % 3])
+    ids, mask = inputs(5, seed=case, padded=padded)
+    kwargs = dict(CASES[case], max_new_tokens=10, return_dict_in_generate=True, output_scores=True)
+    kwargs.setdefault("do_sample", False)
+    expected, got = generate_both(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    if kwargs["num_beams"] > 1:
+        torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
+    assert len(got.scores) == len(expected.scores)
+    for mine, theirs in zip(got.scores, expected.scores, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0, equal_nan=True)
+        if CASES[case] == dict(num_beams=1):
+            assert torch.equal(mine, theirs)
+
+
+def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> None:
+    """A long prompt and several beams: the default runs the lean step, whose reorders within examples skip the
+    prompt positions; the results equal the generic step's (``lean_step=False``), which does not run it."""
+    from beamsearch.adapters.hf_llama import LeanLlamaState
+
+    model = llama(seed=3)
+    ids, mask = inputs(4, seed=3, length=30)
+    calls, within = [], []
+    original_step, original_within = hf_adapter.lean_llama_step, LeanLlamaState._within_examples
+
+    def counting(tokens, state):
+        assert isinstance(state, LeanLlamaState)
+        calls.append(tokens.shape)
+        return original_step(tokens, state)
+
+    def recording(state, index):
+        within.append(original_within(state, index))
+        return within[-1]
+
+    monkeypatch.setattr(hf_adapter, "lean_llama_step", counting)
+    monkeypatch.setattr(LeanLlamaState, "_within_examples", recording)
+    kwargs = dict(num_beams=4, max_new_tokens=12)
+    lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)
+    assert len(calls) == 12, "the default did not use the lean step"
+    assert within and all(within), "no reorder skipped the prompt positions"
+    calls.clear()
+    generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
+    assert not calls
+    assert torch.equal(lean.sequences, generic.sequences)
+    assert torch.equal(lean.sequences_scores, generic.sequences_scores)
+    assert torch.equal(lean.token_log_probs, generic.token_log_probs)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_finished_examples_leave_the_lean_state(monkeypatch, implementation: str, early_stopping: bool) -> None:
+    """EOS made likely: examples (the padded ones among them) finish at different steps and leave the batch,
+    their cache rows too; tokens equal transformers' (scores to 1e-5) and the generic step's (bit for bit)."""
+    from beamsearch.adapters.lean_cache import TimeMajorCache
+
+    model = llama(implementation, seed=6, eos=2.0)
+    ids, mask = inputs(8, seed=6)
+    shrinks = []
+    original = TimeMajorCache.gather_rows
+
+    def recording(cache, index, length):
+        shrinks.append((cache.rows, index.shape[0]))
+        return original(cache, index, length)
+
+    monkeypatch.setattr(TimeMajorCache, "gather_rows", recording)
+    for beams in (1, 3):
+        kwargs = dict(num_beams=beams, max_new_tokens=20, early_stopping=early_stopping, do_sample=False)
+        expected = model.generate(input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
+                                  output_scores=True, **kwargs)  # the full batch to the end
+        got = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+        assert torch.equal(got.sequences.flatten(0, 1), expected.sequences)
+        if beams > 1:
+            torch.testing.assert_close(got.sequences_scores.flatten(), expected.sequences_scores, atol=1e-5, rtol=0)
+        generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
+        for name in ("sequences", "sequences_scores", "token_log_probs"):
+            assert torch.equal(getattr(got, name), getattr(generic, name))
+        lengths = got.lengths.flatten()
+        assert lengths.min() < lengths.max(), "the case does not finish examples at different steps"
+    assert any(after < before for before, after in shrinks), "no example left the batch"
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("beams", [1, 3])
+def test_an_example_decodes_the_same_alone_and_in_a_padded_batch(implementation: str, beams: int) -> None:
+    """Batch invariance through the lean step: each example alone (no padding) and in a left-padded batch with
+    others, where examples also finish and leave at different steps: the same tokens, scores to 1e-5."""
+    model = llama(implementation, seed=4, eos=2.0)
+    ids, mask = inputs(6, seed=4)
+    kwargs = dict(num_beams=beams, max_new_tokens=12, do_sample=False)
+    batch = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)
+    for row in range(ids.shape[0]):
+        keep = mask[row].bool()
+        alone = hf_adapter.search_model(model, input_ids=ids[row, keep][None], **kwargs)
+        width = int(alone.lengths[0, 0])
+        shift = int((~keep).sum())  # the batch's sequences carry the row's left padding
+        assert int(batch.lengths[row, 0]) - shift == width
+        assert torch.equal(batch.sequences[row, 0, shift : shift + width], alone.sequences[0, 0, :width])
+        torch.testing.assert_close(batch.sequences_scores[row], alone.sequences_scores[0], atol=1e-5, rtol=0)
+    assert batch.lengths.min() < batch.lengths.max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_half_precision_equals_transformers(dtype: torch.dtype, implementation: str) -> None:
+    """float16 / bfloat16 weights: tokens and per-step scores bit for bit those of ``model.generate``."""
+    model = llama(implementation, seed=3).to(dtype)
+    ids, mask = inputs(4, seed=3)
+    for beams in (1, 3):
+        kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=10, do_sample=False,
+                      return_dict_in_generate=True, output_scores=True)
+        want = model.generate(**kwargs)
+        got = beamsearch.generate(model, lean_step=True, **kwargs)
+        assert torch.equal(got.sequences, want.sequences)
+        assert all(torch.equal(a, b) for a, b in zip(got.scores, want.scores, strict=True))
+
+
+def test_the_tiny_shared_model_runs_the_lean_step() -> None:
+    """``tiny_model("llama")`` (2 heads sharing 1 key/value head, the other test modules' model) is eligible."""
+    from beamsearch.adapters.hf_llama import lean_llama_reason
+
+    model = tiny_model("llama")
+    assert lean_llama_reason(model, {}, needs_attention=False) is None
+    ids, mask = inputs(3, seed=1)
+    ids = ids % 40  # the tiny model's vocabulary
+    ids[mask == 0] = model.config.pad_token_id
+    expected, got = generate_both(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, num_beams=3,
+                                  max_new_tokens=8, do_sample=False)
+    assert torch.equal(got, expected)
+
+
+def test_lean_step_refusals() -> None:
+    """Each ineligible model or call: the reason (``lean_step=True`` raises with it), and the default falls back to
+    the generic step, which still equals transformers."""
+    from beamsearch.adapters.hf_llama import lean_llama_reason
+
+    ids, mask = inputs(2)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    models = {
+        "rotary embedding type 'dynamic'": llama(rope="dynamic"),
+        "config.pretraining_tp=2": llama(pretraining_tp=2),
+        "MyLlama is not LlamaForCausalLM": type("MyLlama", (transformers.LlamaForCausalLM,), {})(llama().config),
+    }
+    for reason, model in models.items():
+        model.eval()
+        with pytest.raises(ValueError, match=f"lean_step=True cannot run this call: {reason}"):
+            beamsearch.generate(model, lean_step=True, **kwargs)
+        assert torch.equal(beamsearch.generate(model, **kwargs), model.generate(**kwargs))  # the generic step
+    model = llama()
+    with pytest.raises(ValueError, match="lean_step=True cannot run this call: use_cache=False"):
+        beamsearch.generate(model, lean_step=True, use_cache=False, **kwargs)
+    with pytest.raises(ValueError, match="share_encoder_state=True .* model_type 'llama' is not T5"):
+        beamsearch.generate(model, share_encoder_state=True, **kwargs)
+    assert lean_llama_reason(model, {"token_type_ids": ids}, needs_attention=False) == "token_type_ids is given"
+    assert lean_llama_reason(model, {}, needs_attention=True) == "attention outputs are requested"
+    assert "3-d attention_mask" in lean_llama_reason(model, {"attention_mask": mask[:, None]}, needs_attention=False)
+    assert "not Llama" in lean_llama_reason(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=8, n_head=2, vocab_size=VOCAB)), {}, needs_attention=False)
+    model.config._attn_implementation = "flash_attention_2"
+    assert "attention implementation 'flash_attention_2'" in lean_llama_reason(model, {}, needs_attention=False)
+    model.config._attn_implementation = "sdpa"
+    model.config.sliding_window = 4
+    assert lean_llama_reason(model, {}, needs_attention=False) == "config.sliding_window is set"
+    model.config.sliding_window = None
+    model.train()
+    with pytest.raises(ValueError, match="training mode"):
+        beamsearch.generate(model, lean_step=True, **kwargs)
