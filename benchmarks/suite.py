@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suite_engines as engines  # noqa: E402
 import suite_models as models  # noqa: E402
 
-ENGINES = ("hf", "ours", "ours-keep", "ours-generic", "ours-shared", "ours-int8", "ct2-fp32", "ct2-int8", "floor")
+ENGINES = ("hf", "ours", "ours-keep", "ours-generic", "ours-shared", "ours-compiled", "ours-int8", "ct2-fp32",
+           "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
          "lengths": "8,16,32"}
 FULL = {"models": ",".join(models.MODELS), "beams": "1,4,8", "batches": "1,16,64", "repeats": 3,
@@ -137,6 +138,9 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-shared" in args.engines and workload.lean_t5:
         shared = engines.beamsearch_engine(workload, inputs, dict(kwargs, share_encoder_state=True))
         row.timings["ours-shared"] = timed(shared)
+    if "ours-compiled" in args.engines and (workload.lean_t5 or workload.lean_gpt2 or workload.lean_llama):
+        compiled = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step=True))
+        row.timings["ours-compiled"] = timed(compiled)  # its warm-up run compiles
     if "ours-int8" in args.engines and args.device == "cpu":
         if workload.int8_model is None:
             workload.int8_model = beamsearch.quantize_int8(workload.model)
@@ -179,10 +183,10 @@ def _mem(timing: engines.Timing | None) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
-        " keep/ours | generic/ours | shared/ours | CT2/ours | int8/ours | ours-int8 s | CT2 int8/ours-int8 |"
-        " ours/floor | =HF ours | =HF CT2 | =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
+        " keep/ours | generic/ours | shared/ours | compiled/ours | CT2/ours | int8/ours | ours-int8 s |"
+        " CT2 int8/ours-int8 | ours/floor | =HF ours | =HF CT2 | =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
         " peak MiB HF/ours/shared/CT2/int8/floor | ours tok/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         "---|---:|",
     ]
     for r in rows:
@@ -200,6 +204,7 @@ def table(rows: list[Row]) -> list[str]:
             f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
             f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ours-keep'), ours)} |"
             f" {_ratio(r.seconds('ours-generic'), ours)} | {_ratio(r.seconds('ours-shared'), ours)} |"
+            f" {_ratio(r.seconds('ours-compiled'), ours)} |"
             f" {_ratio(r.seconds('ct2-fp32'), ours)} |"
             f" {_ratio(r.seconds('ct2-int8'), ours)} | {_fmt_s(r.seconds('ours-int8'))} |"
             f" {_ratio(r.seconds('ct2-int8'), r.seconds('ours-int8'))} | {_ratio(ours, r.seconds('floor'))} |"
@@ -337,6 +342,7 @@ def main(argv=None) -> None:
                " keep/ours: ours without removing finished examples (remove_finished=False) over ours;"
                " generic/ours: ours with the generic model step (lean_step=False) over ours;"
                " shared/ours: ours with share_encoder_state=True (one copy of the encoder state per example) over"
+               " ours; compiled/ours: ours with compile_step=True (torch.compile, after a compiling warm-up) over"
                " ours;"
                " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
                " time over it;"

@@ -206,8 +206,9 @@ def test_lean_step_refusals() -> None:
         beamsearch.generate(model, share_encoder_state=True, **kwargs)
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=32, pad_token_id=PAD, eos_token_id=EOS)).eval()
-    with pytest.raises(ValueError, match="lean_step=True cannot run this call: model_type 'llama' is not T5"):
+        num_key_value_heads=1, max_position_embeddings=32, pad_token_id=PAD, eos_token_id=EOS,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0})).eval()  # a Llama the lean Llama step refuses
+    with pytest.raises(ValueError, match="lean_step=True cannot run this call: rotary embedding type 'dynamic'"):
         beamsearch.generate(llama, lean_step=True, **kwargs)
 
 

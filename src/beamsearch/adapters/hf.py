@@ -202,7 +202,7 @@ def _pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     """Take the arguments that are ours, not transformers', out of ``kwargs``.
 
     Returns the keyword arguments for :func:`beamsearch.search`, those for the model step (``lean_step``,
-    ``share_encoder_state``) and the other toolkits' options.
+    ``share_encoder_state``, ``compile_step``) and the other toolkits' options.
     """
     search_arguments = {
         "tokenizer": kwargs.pop("tokenizer", None),
@@ -214,45 +214,63 @@ def _pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
         **{name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs},
     }
     lean = {"lean_step": kwargs.pop("lean_step", None),
-            "share_encoder_state": kwargs.pop("share_encoder_state", False)}
+            "share_encoder_state": kwargs.pop("share_encoder_state", False),
+            "compile_step": kwargs.pop("compile_step", False)}
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     return search_arguments, lean, toolkit
 
 
-def _model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False):
-    """The step function and state: the lean T5 or GPT-2 step where it applies (``lean_step`` None or True), else
-    the generic one that calls ``model(...)``. ``share_encoder_state`` (lean T5 step only): an example's beams
-    query one copy of the cross-attention keys and values instead of one copy each."""
+def _model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False,
+                compile_step=False):
+    """The step function and state: a lean step (T5, GPT-2, Llama) where one applies (``lean_step`` None or True),
+    else the generic one that calls ``model(...)``. ``share_encoder_state`` (lean T5 step only): an example's beams
+    query one copy of the cross-attention keys and values instead of one copy each. ``compile_step``: the lean
+    step's forward runs under ``torch.compile`` (dynamic shapes)."""
     if lean_step is not None and not isinstance(lean_step, bool):
         raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
-    if not isinstance(share_encoder_state, bool):
-        raise ValueError(f"share_encoder_state must be True or False, got {share_encoder_state!r}")
-    if lean_step is not False:
-        if getattr(model.config, "model_type", None) == "gpt2" and not share_encoder_state:
-            reason = lean_gpt2_reason(model, model_kwargs, needs_attention)
-            if reason is None:
-                return lean_gpt2_step, LeanGPT2State(model, model_kwargs, config, options.max_length)
-        elif getattr(model.config, "model_type", None) == "llama" and not share_encoder_state:
-            reason = lean_llama_reason(model, model_kwargs, needs_attention)
-            if reason is None:
-                return lean_llama_step, LeanLlamaState(model, model_kwargs, config, options.max_length)
-        else:
-            reason = lean_t5_reason(model, model_kwargs, needs_attention)
-            if reason is None:
-                encoded = model_kwargs["encoder_outputs"].last_hidden_state
-                state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length,
-                                    share_encoder_state=share_encoder_state)
-                return lean_t5_step, state
-        if share_encoder_state:
-            raise ValueError(f"share_encoder_state=True (it needs the lean T5 step) cannot run this call: {reason}")
-        if lean_step:
-            raise ValueError(f"lean_step=True cannot run this call: {reason}")
-    elif share_encoder_state:
-        raise ValueError("share_encoder_state=True needs the lean T5 step, and lean_step=False was given")
+    for name, value in (("share_encoder_state", share_encoder_state), ("compile_step", compile_step)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if lean_step is False:
+        reason = "lean_step=False was given"
+    else:
+        step, state, reason = _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state)
+        if reason is None:
+            if compile_step:
+                state.forward = torch.compile(state.forward, dynamic=True)
+            return step, state
+    if share_encoder_state:
+        raise ValueError(f"share_encoder_state=True needs the lean T5 step, which cannot run this call: {reason}")
+    if compile_step:
+        raise ValueError(f"compile_step=True needs a lean step (T5, GPT-2, Llama), which cannot run this call: "
+                         f"{reason}")
+    if lean_step:
+        raise ValueError(f"lean_step=True cannot run this call: {reason}")
     state = HFState(model, model_kwargs, config)
     if needs_attention:
         _request_cross_attention(model, state)
     return hf_step, state
+
+
+def _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state):
+    """The lean step and its state for this model and call: ``(step, state, None)``, or ``(None, None, why not)``."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type == "gpt2" and not share_encoder_state:
+        reason = lean_gpt2_reason(model, model_kwargs, needs_attention)
+        if reason is None:
+            return lean_gpt2_step, LeanGPT2State(model, model_kwargs, config, options.max_length), None
+    elif model_type == "llama" and not share_encoder_state:
+        reason = lean_llama_reason(model, model_kwargs, needs_attention)
+        if reason is None:
+            return lean_llama_step, LeanLlamaState(model, model_kwargs, config, options.max_length), None
+    else:
+        reason = lean_t5_reason(model, model_kwargs, needs_attention)
+        if reason is None:
+            encoded = model_kwargs["encoder_outputs"].last_hidden_state
+            state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length,
+                                share_encoder_state=share_encoder_state)
+            return lean_t5_step, state, None
+    return None, None, reason
 
 
 def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs, max_rows):

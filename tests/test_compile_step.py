@@ -1,0 +1,68 @@
+"""``compile_step=True``: the lean steps' forward under ``torch.compile`` (dynamic shapes), and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_hf import tiny_model
+
+import beamsearch
+from beamsearch.adapters import hf as hf_adapter
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """Records what the adapter hands to torch.compile (and compiles it)."""
+    calls = []
+    original = torch.compile
+
+    def recording(function, **kwargs):
+        calls.append((function, kwargs))
+        return original(function, **kwargs)
+
+    monkeypatch.setattr(hf_adapter.torch, "compile", recording)
+    return calls
+
+
+def _inputs(model, batch: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size, (batch, 6), generator=generator)
+    mask = torch.ones_like(ids)
+    if model.config.is_encoder_decoder:
+        mask[1:, -2:] = 0  # right padding
+    else:
+        mask[1:, :2] = 0  # left padding
+    ids = ids.masked_fill(mask == 0, model.config.pad_token_id or 0)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+def test_compiled_lean_step_decodes_like_the_lean_step(name: str, compiled) -> None:
+    """Same sequences as the uncompiled lean step (and so as transformers on these models); scores to float
+    precision (the compiled kernels fuse and reorder the arithmetic, so bitwise equality is not promised)."""
+    torch._dynamo.reset()
+    model = tiny_model(name)
+    kwargs = dict(_inputs(model, 3, seed=1), num_beams=3, max_new_tokens=6, num_return_sequences=2,
+                  return_dict_in_generate=True, output_scores=True)
+    eager = beamsearch.generate(model, **kwargs)
+    for _ in range(2):  # the second call reuses the compiled code
+        fast = beamsearch.generate(model, **kwargs, compile_step=True)
+        assert torch.equal(fast.sequences, eager.sequences)
+        torch.testing.assert_close(fast.sequences_scores, eager.sequences_scores, atol=1e-4, rtol=1e-4)
+    assert len(compiled) == 2 and all(kwargs == {"dynamic": True} for _, kwargs in compiled)
+    assert all(getattr(function, "__name__", "") == "forward" for function, _ in compiled)
+
+
+def test_compile_step_refusals() -> None:
+    model = tiny_model("bart")  # no lean step
+    kwargs = dict(_inputs(model, 2, seed=0), num_beams=2, max_new_tokens=3)
+    with pytest.raises(ValueError, match="compile_step=True needs a lean step.*bart"):
+        beamsearch.generate(model, **kwargs, compile_step=True)
+    t5 = tiny_model("t5")
+    with pytest.raises(ValueError, match="compile_step=True needs a lean step.*lean_step=False"):
+        beamsearch.generate(t5, **dict(_inputs(t5, 2, seed=0), num_beams=2, max_new_tokens=3), compile_step=True,
+                            lean_step=False)
+    with pytest.raises(ValueError, match="compile_step must be True or False"):
+        beamsearch.generate(t5, **dict(_inputs(t5, 2, seed=0), max_new_tokens=3), compile_step="yes")
