@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_hf import generate_both
+from tiny_hf import assert_alone_equals_in_batch, assert_bitwise_generate, generate_both, left_padded_inputs
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
@@ -32,15 +32,7 @@ def gpt2(implementation: str = "sdpa", seed: int = 0, eos: float = 1.3, **overri
 
 
 def inputs(batch: int, seed: int = 0, length: int = 9, padded: bool = True):
-    """Token ids ``[B, P]`` and a mask with left padding of mixed lengths (none in the first row)."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (batch, length), generator=generator)
-    mask = torch.ones_like(ids)
-    for row in range(1, batch if padded else 0):
-        cut = row % 5
-        if cut:
-            ids[row, :cut], mask[row, :cut] = PAD, 0
-    return ids, mask
+    return left_padded_inputs(VOCAB, PAD, batch, seed, length, padded)
 
 
 CASES = [
@@ -217,31 +209,14 @@ def test_lean_step_refusals() -> None:
 def test_an_example_decodes_the_same_alone_and_in_a_padded_batch(implementation: str, beams: int) -> None:
     """Batch invariance through the lean step: each example alone (no padding) and in a left-padded batch with
     others, where examples also finish and leave at different steps: the same tokens, scores to 1e-5."""
-    model = gpt2(implementation, seed=4, eos=2.0)
     ids, mask = inputs(6, seed=4)
-    kwargs = dict(num_beams=beams, max_new_tokens=12, do_sample=False)
-    batch = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)
-    for row in range(ids.shape[0]):
-        keep = mask[row].bool()
-        alone = hf_adapter.search_model(model, input_ids=ids[row, keep][None], **kwargs)
-        width = int(alone.lengths[0, 0])
-        shift = int((~keep).sum())  # the batch's sequences carry the row's left padding
-        assert int(batch.lengths[row, 0]) - shift == width
-        assert torch.equal(batch.sequences[row, 0, shift : shift + width], alone.sequences[0, 0, :width])
-        torch.testing.assert_close(batch.sequences_scores[row], alone.sequences_scores[0], atol=1e-5, rtol=0)
-    assert batch.lengths.min() < batch.lengths.max()
+    assert_alone_equals_in_batch(gpt2(implementation, seed=4, eos=2.0), ids, mask, num_beams=beams,
+                                 max_new_tokens=12, do_sample=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_half_precision_equals_transformers(dtype: torch.dtype, implementation: str) -> None:
     """float16 / bfloat16 weights: tokens and per-step scores bit for bit those of ``model.generate``."""
-    model = gpt2(implementation, seed=3).to(dtype)
     ids, mask = inputs(4, seed=3)
-    for beams in (1, 3):
-        kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=10, do_sample=False,
-                      return_dict_in_generate=True, output_scores=True)
-        want = model.generate(**kwargs)
-        got = beamsearch.generate(model, lean_step=True, **kwargs)
-        assert torch.equal(got.sequences, want.sequences)
-        assert all(torch.equal(a, b) for a, b in zip(got.scores, want.scores, strict=True))
+    assert_bitwise_generate(gpt2(implementation, seed=3).to(dtype), ids, mask)

@@ -89,3 +89,45 @@ def generate_both(model, ours: dict | None = None, seed: int = 7, **kwargs):
     expected = model.generate(**kwargs)
     torch.manual_seed(seed)
     return expected, beamsearch.generate(model, **kwargs, **(ours or {}))
+
+
+def assert_alone_equals_in_batch(model, ids: torch.Tensor, mask: torch.Tensor, **kwargs) -> None:
+    """Batch invariance of a decoder-only model: each row of a left-padded batch decodes alone (no padding) to the
+    same tokens, scores to 1e-5 (``kwargs``: search options)."""
+    from beamsearch.adapters import hf as hf_adapter
+
+    batch = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)
+    for row in range(ids.shape[0]):
+        keep = mask[row].bool()
+        alone = hf_adapter.search_model(model, input_ids=ids[row, keep][None], **kwargs)
+        width = int(alone.lengths[0, 0])
+        shift = int((~keep).sum())  # the batch's sequences carry the row's left padding
+        assert int(batch.lengths[row, 0]) - shift == width
+        assert torch.equal(batch.sequences[row, 0, shift : shift + width], alone.sequences[0, 0, :width])
+        torch.testing.assert_close(batch.sequences_scores[row], alone.sequences_scores[0], atol=1e-5, rtol=0)
+    assert batch.lengths.min() < batch.lengths.max()
+
+
+def assert_bitwise_generate(model, ids: torch.Tensor, mask: torch.Tensor, beams=(1, 3)) -> None:
+    """Tokens and per-step scores of the lean step bit for bit those of ``model.generate`` (greedy and beams)."""
+    import beamsearch
+
+    for num_beams in beams:
+        kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_new_tokens=10, do_sample=False,
+                      return_dict_in_generate=True, output_scores=True)
+        want = model.generate(**kwargs)
+        got = beamsearch.generate(model, lean_step=True, **kwargs)
+        assert torch.equal(got.sequences, want.sequences)
+        assert all(torch.equal(a, b) for a, b in zip(got.scores, want.scores, strict=True))
+
+
+def left_padded_inputs(vocab: int, pad: int, batch: int, seed: int = 0, length: int = 9, padded: bool = True):
+    """Token ids ``[B, P]`` (from 3 up) and a mask with left padding of mixed lengths (none in the first row)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, length), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch if padded else 0):
+        cut = row % 5
+        if cut:
+            ids[row, :cut], mask[row, :cut] = pad, 0
+    return ids, mask

@@ -42,10 +42,8 @@ from typing import Any
 
 import torch
 
-from .lean_cache import TimeMajorCache
+from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
-# model_kwargs the lean step understands (anything else given makes it step aside)
-_KNOWN_KWARGS = ("attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep")
 # rotary embeddings whose frequencies are fixed when the model is built (tested bit for bit); "dynamic" and
 # "longrope" recompute them from the positions seen
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -58,27 +56,7 @@ def lean_llama_reason(model: Any, model_kwargs: dict[str, Any], needs_attention:
         return f"model_type {getattr(config, 'model_type', None)!r} is not Llama"
     if type(model).__name__ != "LlamaForCausalLM":
         return f"{type(model).__name__} is not LlamaForCausalLM"
-    reason = _config_reason(model)
-    if reason is not None:
-        return reason
-    if model.training:
-        return "the model is in training mode (dropout)"
-    if needs_attention:
-        return "attention outputs are requested"
-    if not model_kwargs.get("use_cache", True):
-        return "use_cache=False"
-    for name, value in model_kwargs.items():
-        if name not in _KNOWN_KWARGS and value is not None and value is not False:
-            return f"{name} is given"
-    if model_kwargs.get("logits_to_keep", 1) != 1:
-        return f"logits_to_keep={model_kwargs['logits_to_keep']!r}"
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and mask.dim() != 2:
-        return f"a {mask.dim()}-d attention_mask (the lean step takes a 2-d padding mask)"
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and (type(cache).__name__ != "DynamicCache" or cache.get_seq_length() > 0):
-        return "past_key_values holds a cache to continue from"
-    return None
+    return _config_reason(model) or call_reason(model, model_kwargs, needs_attention)
 
 
 def _config_reason(model: Any) -> str | None:
@@ -106,124 +84,27 @@ def _config_reason(model: Any) -> str | None:
     return None
 
 
-class LeanLlamaState:
-    """Decoder state of a Llama model between steps, reordered by the engine like any state.
+class LeanLlamaState(LeanDecoderState):
+    """Decoder state of a Llama model between steps (see :class:`LeanDecoderState`); the cache holds the G
+    key/value heads, and eager attention always gets a mask, as transformers makes it."""
 
-    Per row: the keys and values of every layer (a :class:`TimeMajorCache` ``[T, N, G, d]``, filled up to
-    ``length``; the first ``prompt_length`` positions equal across an example's rows); the next position id
-    ``[N]``; and the attention mask over the cache ``[N, T]`` (``sdpa``: boolean, None when no row holds padding;
-    ``eager``: additive in the model's dtype, always present, as transformers makes them).
-
-    Before the first step the engine's reorders only compose the expansion index ``[N]`` (the example of each
-    row); the prefill runs the prompt for the B examples and then applies it.
-    """
+    eager_mask_always = True
 
     def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, max_length: int):
-        self.model = model
-        self.model_kwargs = model_kwargs  # for the prefill only (model._prefill, as the generic step)
-        self.generation_config = generation_config
         config = model.config
         self.layers = list(model.model.layers[: config.num_hidden_layers])
         attention = self.layers[0].self_attn
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_size, self.scaling = attention.head_dim, attention.scaling
+        self.scaling = attention.scaling
         self.groups = attention.num_key_value_groups  # H / G query heads per key/value head
         self.apply_rotary = sys.modules[type(attention).__module__].apply_rotary_pos_emb  # the one the model calls
-        self.sdpa = config._attn_implementation == "sdpa"
+        super().__init__(model, model_kwargs, generation_config, max_length, cache_heads=self.kv_heads,
+                         head_size=attention.head_dim, dtype=model.model.embed_tokens.weight.dtype)
         self.use_gqa_in_sdpa = None  # transformers' choice between enable_gqa and packing the query
         if self.sdpa and self.groups > 1:
             from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
 
             self.use_gqa_in_sdpa = use_gqa_in_sdpa
-        self.dtype = model.model.embed_tokens.weight.dtype
-        self.max_length = max_length
-        self.cache: TimeMajorCache | None = None  # made by the prefill
-        self.positions: torch.Tensor | None = None  # [N] position id of the next token of each row
-        self.mask: torch.Tensor | None = None  # [N, T] over the cache
-        self.length = 0
-        self.prompt_length = 0
-        self.rows_per_example = 1
-        self.expansion: torch.Tensor | None = None  # [N] example of each row, until the prefill applies it
-
-    # ------------------------------------------------------------------ reorder
-
-    def reorder(self, index: torch.Tensor) -> LeanLlamaState:
-        if self.length == 0:
-            self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
-            return self
-        if index.shape[0] != self.cache.rows:  # whole examples left the batch
-            self.cache.gather_rows(index, self.length)
-            self._select_row_state(index)
-        elif self._within_examples(index):
-            self.cache.reorder(index, self.length, fixed=self.prompt_length)
-        else:  # rows moved across examples (not done by the engine): the per-row state moves too
-            self.cache.reorder(index, self.length)
-            self._select_row_state(index)
-        return self
-
-    def _within_examples(self, index: torch.Tensor) -> bool:
-        """Whether every row's parent is a row of the same example (then the prompt positions need no gather)."""
-        per_example = self.rows_per_example
-        rows = torch.arange(index.shape[0], device=index.device)
-        return bool(torch.equal(index // per_example, rows // per_example))
-
-    def _select_row_state(self, index: torch.Tensor) -> None:
-        self.positions = self.positions.index_select(0, index)
-        if self.mask is not None:
-            self.mask = self.mask.index_select(0, index)
-            if self.sdpa and bool(self.mask[:, : self.prompt_length].all()):
-                self.mask = None  # transformers passes no sdpa mask when the rows hold no padding
-
-    def _grow(self) -> None:
-        """More positions than ``max_length`` (a stopping rule of the caller's): double the buffers."""
-        self.cache.grow(self.length)
-        if self.mask is not None:
-            mask = self._fresh_mask(self.mask.shape[0])
-            mask[:, : self.length] = self.mask[:, : self.length]
-            self.mask = mask
-
-    def _fresh_mask(self, rows: int) -> torch.Tensor:
-        """A mask ``[rows, T]`` that lets every position through (positions past the prompt are never padding)."""
-        if self.sdpa:
-            return torch.ones((rows, self.cache.capacity), dtype=torch.bool, device=self.positions.device)
-        return torch.zeros((rows, self.cache.capacity), dtype=self.dtype, device=self.positions.device)
-
-    # ------------------------------------------------------------------ steps
-
-    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The first call: the prompt ``[N, P]`` of each example once (the model's own forward and cache), then its
-        keys, values, positions and mask copied to the example's rows. Returns the logits ``[N, V]`` (float32)."""
-        rows = tokens.shape[0]
-        expansion = self.expansion if self.expansion is not None else torch.arange(rows, device=tokens.device)
-        examples = int(expansion.max()) + 1
-        first = torch.searchsorted(expansion, torch.arange(examples, device=expansion.device))
-        kwargs = self.model_kwargs
-        outputs = self.model._prefill(tokens.index_select(0, first), self.generation_config, kwargs)
-        cache = outputs.past_key_values
-        self.prompt_length = tokens.shape[1]
-        shape = (max(self.max_length, self.prompt_length + 1), rows, self.kv_heads, self.head_size)
-
-        def buffer(prompt: torch.Tensor) -> torch.Tensor:  # [B, G, P, d] -> [T, N, G, d], the prompt filled in
-            out = torch.empty(shape, dtype=prompt.dtype, device=prompt.device)
-            out[: self.prompt_length] = prompt.index_select(0, expansion).permute(2, 0, 1, 3)
-            return out
-
-        self.cache = TimeMajorCache([buffer(layer.keys) for layer in cache.layers],
-                                    [buffer(layer.values) for layer in cache.layers])
-        self.positions = kwargs["position_ids"].expand(examples, -1)[:, -1].index_select(0, expansion) + 1
-        prompt_mask = kwargs.get("attention_mask")
-        padded = prompt_mask is not None and not bool(prompt_mask.all())
-        if padded or not self.sdpa:
-            self.mask = self._fresh_mask(rows)
-        if padded:
-            blocked = prompt_mask.index_select(0, expansion) == 0  # [N, P]
-            blocked_value = False if self.sdpa else torch.finfo(self.dtype).min
-            self.mask[:, : self.prompt_length].masked_fill_(blocked, blocked_value)
-        self.model_kwargs = None  # the DynamicCache is not needed any more
-        self.rows_per_example = rows // examples
-        self.expansion = None
-        self.length = self.prompt_length
-        return outputs.logits[:, -1, :].to(dtype=torch.float32).index_select(0, expansion)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """One position for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32); the cache grows by one."""
@@ -290,11 +171,4 @@ class LeanLlamaState:
         return expanded.reshape(rows, self.heads, length, size)
 
 
-def lean_llama_step(tokens: torch.Tensor, state: LeanLlamaState) -> tuple[torch.Tensor, LeanLlamaState]:
-    """The step function: the whole prompt first (once per example), then the last token of each row."""
-    if state.length == 0:
-        return state.prefill(tokens), state
-    return state.forward(tokens[:, -1]), state
-
-
-lean_llama_step.fresh_logits = True  # the output layer's new tensor (see loop.decode)
+lean_llama_step = lean_decoder_step  # the step function (its own name, as the adapter and tests refer to it)
