@@ -42,7 +42,7 @@ import torch
 from fakes import count_host_conversions
 
 import beamsearch
-from beamsearch import SearchOptions
+from beamsearch import SearchOptions, selection
 
 DATA = Path(__file__).resolve().parent / "data"
 REFERENCE = json.loads((DATA / "group_beam_reference.json").read_text(encoding="utf-8"))
@@ -87,8 +87,13 @@ def _generate(models, record):
     return case, inputs, out
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("index", range(len(RECORDS)))
-def test_matches_transformers_4(models, index):
+def test_matches_transformers_4(models, index, chunked, monkeypatch):
+    """``chunked``: candidates chosen from 2-token chunk maxima (selection.py), the path large vocabularies take."""
+    if chunked:
+        monkeypatch.setattr(selection, "CHUNK", 2)
+        monkeypatch.setattr(selection, "MIN_CHUNKS_PER_CANDIDATE", 1)
     record = RECORDS[index]
     case, inputs, out = _generate(models, record)
     expected = record["expected"]

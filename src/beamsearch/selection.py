@@ -32,7 +32,7 @@ def top_totals(log_probs: torch.Tensor, beam_scores: torch.Tensor, count: int) -
     """``torch.topk((log_probs + beam_scores[:, :, None]).reshape(B, K*V), count)``, computed from chunk maxima.
 
     Args:
-        log_probs: FloatTensor ``[B, K, V]``.
+        log_probs: FloatTensor ``[B, K, V]`` (each row of V contiguous, e.g. a slice of beams).
         beam_scores: FloatTensor ``[B, K]``, the same dtype.
         count: C, at most ``K*V``.
 
@@ -54,10 +54,12 @@ def top_totals(log_probs: torch.Tensor, beam_scores: torch.Tensor, count: int) -
     offsets = torch.arange(CHUNK, device=log_probs.device)
     tokens = starts[:, :, None] + offsets  # [B, C, CHUNK]
     outside = tokens >= vocab  # the last, shorter chunk's overhang
-    positions = (beams[:, :, None] * vocab + tokens.clamp(max=vocab - 1)).reshape(b, -1)  # [B, C*CHUNK]
-    sums = torch.gather(log_probs.reshape(b, k * vocab), 1, positions) + torch.gather(
-        beam_scores, 1, beams).repeat_interleave(CHUNK, dim=1)  # as transformers adds them
+    tokens = tokens.clamp(max=vocab - 1)
+    rows = torch.arange(b, device=log_probs.device)[:, None, None]
+    sums = (log_probs[rows, beams[:, :, None], tokens]  # [B, C, CHUNK], no copy of a strided log_probs
+            + torch.gather(beam_scores, 1, beams)[:, :, None]).reshape(b, -1)  # as transformers adds them
     sums.masked_fill_(outside.reshape(b, -1), float("-inf"))
+    positions = (beams[:, :, None] * vocab + tokens).reshape(b, -1)  # [B, C*CHUNK]
     values, picked = torch.topk(sums, count + 1)  # [B, C+1]
     ambiguous = (
         torch.isnan(best_maxima).any()

@@ -33,6 +33,7 @@ import torch
 from ..beams import flat_parent_rows, flatten_beams, gather_beams
 from ..processors import ProcessorList
 from ..results import FinishReason, SearchResult
+from ..selection import top_totals
 from .base import StepTrace
 
 MASK = -1.0e9  # the score of the beams that are not live at step 0 (as in transformers)
@@ -138,8 +139,7 @@ class GroupBeamSearch:
         """
         b, s, vocab = log_probs.shape
         beams = slice(group * s, (group + 1) * s)
-        totals = log_probs + self.running_scores[:, beams, None]  # [B, S, V]
-        scores, flat = torch.topk(totals.reshape(b, s * vocab), k=self.num_candidates)  # [B, C], best first
+        scores, flat = top_totals(log_probs, self.running_scores[:, beams], self.num_candidates)  # [B, C], best first
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         token_log_probs = torch.gather(log_probs.reshape(b, s * vocab), 1, flat)  # [B, C]
         is_eos = torch.isin(tokens, self.eos) if self.eos is not None else torch.zeros_like(tokens, dtype=torch.bool)
