@@ -14,6 +14,7 @@ import pytest
 import torch
 from tiny_hf import VOCAB, _configs
 
+from beamsearch import selection
 from beamsearch.adapters.hf import search_model
 from beamsearch.strategies.ct2 import ct2_length_normalised, ct2_max_hypotheses
 
@@ -127,7 +128,12 @@ def _our_hypotheses(result, example: int, ends=(EOS,)) -> list[list[str]]:
     return hypotheses
 
 
-def test_matches_ctranslate2_on_random_cases(models):
+@pytest.mark.parametrize("chunked", [False, True])
+def test_matches_ctranslate2_on_random_cases(models, chunked, monkeypatch):
+    """``chunked``: candidates chosen from 2-token chunk maxima (selection.py), the path large vocabularies take."""
+    if chunked:
+        monkeypatch.setattr(selection, "CHUNK", 2)
+        monkeypatch.setattr(selection, "MIN_CHUNKS_PER_CANDIDATE", 1)
     generator = torch.Generator().manual_seed(2024)
     agreed, total, worst_score_gap, patience_mattered, continued_after_end = 0, 0, 0.0, 0, 0
     for _ in range(150):
