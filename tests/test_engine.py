@@ -183,3 +183,35 @@ def test_at_most_one_host_synchronisation_per_step(monkeypatch, kwargs):
     # one check per step, one before the first step, and the final crop of the result
     assert len(conversions) <= len(steps) + 2, (len(conversions), len(steps))
     assert result.sequences.shape[0] == 2
+
+
+def test_identity_reorders_are_skipped():
+    """When every beam continues from its own row, the state is not reordered (the check rides on the step's one
+    host transfer); results equal a search that reorders at every step (remove_finished=False)."""
+    vocab = 12
+
+    def step(tokens, state):  # each row repeats its last token; everything else is far behind, more so each step
+        logits = torch.full((tokens.shape[0], vocab), -30.0 * tokens.shape[1]) - 0.01 * torch.arange(vocab)
+        logits[torch.arange(tokens.shape[0]), tokens[:, -1]] = 0.0
+        return logits, state
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def reorder(self, index):
+            self.calls.append(index.clone())
+
+    results = {}
+    for remove in (True, False):
+        state = Recorder()
+        results[remove] = beamsearch.search(step, torch.tensor([[1], [5]]), state, num_beams=3, max_new_tokens=6,
+                                            eos_token_id=None, remove_finished=remove)
+        identity = [bool(torch.equal(c, torch.arange(c.shape[0]))) for c in state.calls]
+        if remove:  # the expansion to beams, then step 0's reorder (every beam from beam 0); none after
+            assert len(state.calls) == 2 and not any(identity)
+        else:  # the expansion, then one reorder per step: steps 1-4 by the identity, the last one after the end
+            assert len(state.calls) == 7 and all(identity[2:6])
+    assert torch.equal(results[True].sequences, results[False].sequences)
+    assert torch.equal(results[True].sequences_scores, results[False].sequences_scores)
+    assert results[True].sequences[0, 0].tolist() == [1] * 7

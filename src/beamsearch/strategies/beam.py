@@ -98,8 +98,10 @@ class BeamSearch:
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
 
-    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
-        """One step; returns the flat parent row of each new live beam, ``[N]`` (fewer rows once examples left)."""
+    def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None,
+                owned: bool = False) -> torch.Tensor | None:
+        """One step; returns the flat parent row of each new live beam, ``[N]`` (fewer rows once examples left), or
+        None when there is nothing to reorder."""
         b = self.running_scores.shape[0]  # B': the active examples
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
@@ -115,21 +117,25 @@ class BeamSearch:
         rows = flat_parent_rows(gather_beams(parents, keep))  # [N]
         return rows if self.active is None else self._remove_done(rows)
 
-    def _remove_done(self, rows: torch.Tensor) -> torch.Tensor:
+    def _remove_done(self, rows: torch.Tensor) -> torch.Tensor | None:
         """Decide whether the search goes on (the step's one host sync) and drop the examples that are done.
 
         An example is done when no live beam can beat its finished pool, or the pool is full under
         ``early_stopping=True``: either way its pool can no longer change. The search ends when every example
         is done or every candidate hit a criterion (with row-independent criteria only: the length limit).
+        Returns None (nothing to reorder) when the search ends here or every beam continued from its own row.
         """
         k = self.rows_per_example
         done = ~self.can_improve[:, 0]  # [B']
         if self.early_stopping is True:
             done = done | torch.all(self.is_finished, dim=-1)
-        *done, all_hit = torch.cat((done, torch.all(self.hits).reshape(1))).tolist()
+        identity = torch.all(rows == torch.arange(rows.shape[0], device=rows.device))
+        *done, all_hit, identity = torch.cat((done, torch.stack((torch.all(self.hits), identity)))).tolist()
         self._done = bool(all_hit) or all(done)
-        if self._done or not any(done):
-            return rows
+        if self._done:
+            return None
+        if not any(done):
+            return None if identity else rows
         keep = self.active.drop(self, done)  # [B'']
         self.example_ids = self.active.ids
         kept_rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).reshape(-1)  # [N'']
