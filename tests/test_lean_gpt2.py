@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_hf import assert_alone_equals_in_batch, assert_bitwise_generate, generate_both, left_padded_inputs
+from tiny_hf import (
+    assert_alone_equals_in_batch,
+    assert_bitwise_generate,
+    assert_finished_examples_leave,
+    generate_both,
+    left_padded_inputs,
+)
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
@@ -151,32 +157,9 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
 def test_finished_examples_leave_the_lean_state(monkeypatch, implementation: str, early_stopping: bool) -> None:
     """EOS made likely: examples (the padded ones among them) finish at different steps and leave the batch,
     their cache rows too; the results equal transformers'."""
-    from beamsearch.adapters.lean_cache import TimeMajorCache
-
-    model = gpt2(implementation, seed=6, eos=2.0)
     ids, mask = inputs(8, seed=6)
-    shrinks = []
-    original = TimeMajorCache.gather_rows
-
-    def recording(cache, index, length):
-        shrinks.append((cache.rows, index.shape[0]))
-        return original(cache, index, length)
-
-    monkeypatch.setattr(TimeMajorCache, "gather_rows", recording)
-    for beams in (1, 3):
-        kwargs = dict(num_beams=beams, max_new_tokens=20, early_stopping=early_stopping, do_sample=False)
-        expected = model.generate(input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
-                                  output_scores=True, **kwargs)  # the full batch to the end
-        got = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
-        assert torch.equal(got.sequences.flatten(0, 1), expected.sequences)
-        if beams > 1:
-            assert torch.equal(got.sequences_scores.flatten(), expected.sequences_scores)
-        generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
-        for name in ("sequences", "sequences_scores", "token_log_probs"):
-            assert torch.equal(getattr(got, name), getattr(generic, name))
-        lengths = got.lengths.flatten()
-        assert lengths.min() < lengths.max(), "the case does not finish examples at different steps"
-    assert shrinks, "no example left the batch"
+    assert_finished_examples_leave(monkeypatch, gpt2(implementation, seed=6, eos=2.0), ids, mask, early_stopping,
+                                   exact_scores=True)
 
 
 def test_lean_step_refusals() -> None:

@@ -131,3 +131,37 @@ def left_padded_inputs(vocab: int, pad: int, batch: int, seed: int = 0, length: 
         if cut:
             ids[row, :cut], mask[row, :cut] = pad, 0
     return ids, mask
+
+
+def assert_finished_examples_leave(monkeypatch, model, ids: torch.Tensor, mask: torch.Tensor, early_stopping,
+                                   exact_scores: bool = True) -> None:
+    """With EOS likely, examples finish at different steps and leave the lean state (its cache shrinks): tokens
+    equal transformers' (scores bit for bit, or to 1e-5 with ``exact_scores=False``) and the generic step's."""
+    from beamsearch.adapters import hf as hf_adapter
+    from beamsearch.adapters.lean_cache import TimeMajorCache
+
+    shrinks = []
+    original = TimeMajorCache.gather_rows
+
+    def recording(cache, index, length):
+        shrinks.append((cache.rows, index.shape[0]))
+        return original(cache, index, length)
+
+    monkeypatch.setattr(TimeMajorCache, "gather_rows", recording)
+    for beams in (1, 3):
+        kwargs = dict(num_beams=beams, max_new_tokens=20, early_stopping=early_stopping, do_sample=False)
+        expected = model.generate(input_ids=ids, attention_mask=mask, return_dict_in_generate=True,
+                                  output_scores=True, **kwargs)  # the full batch to the end
+        got = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=True, **kwargs)
+        assert torch.equal(got.sequences.flatten(0, 1), expected.sequences)
+        if beams > 1:
+            tolerance = 0.0 if exact_scores else 1e-5
+            torch.testing.assert_close(got.sequences_scores.flatten(), expected.sequences_scores, atol=tolerance,
+                                       rtol=0)
+        generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
+        for name in ("sequences", "sequences_scores", "token_log_probs"):
+            assert torch.equal(getattr(got, name), getattr(generic, name))
+        lengths = got.lengths.flatten()
+        assert lengths.min() < lengths.max(), "the case does not finish examples at different steps"
+    assert shrinks, "no example left the batch"
+    assert any(after < before for before, after in shrinks), "no example left the batch"
