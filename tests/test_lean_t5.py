@@ -128,9 +128,10 @@ def test_lean_step_logits_are_bitwise_those_of_transformers() -> None:
 
 
 @pytest.mark.parametrize("early_stopping", [True, False])
-def test_shared_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> None:
-    """``share_encoder_state=True``: cross-attention keys and values once per example whatever the beam size;
-    the results equal transformers' (tokens; scores to float rounding), finished examples leaving included."""
+def test_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> None:
+    """Cross-attention keys and values once per example whatever the beam size. ``share_encoder_state=True``
+    (one kernel call for an example's rows): results equal transformers' (tokens; scores to float rounding),
+    finished examples leaving included; by default (one call per row slot) bit for bit."""
     model = t5(seed=6)
     with torch.no_grad():
         model.lm_head.weight[1] *= 1.5
@@ -154,8 +155,12 @@ def test_shared_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> N
             torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
     assert rows[4] == rows[24] == (4, 3, 9, 8)  # [B, H, S, d] for 4 rows (greedy) and 24 rows (beam 6)
     rows.clear()
-    beamsearch.generate(model, input_ids=ids, attention_mask=mask, num_beams=6, max_new_tokens=3, do_sample=False)
-    assert rows == {24: (24, 3, 9, 8)}  # by default one copy per row, as transformers computes it
+    kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=6, max_new_tokens=16, do_sample=False,
+                  return_dict_in_generate=True, output_scores=True)
+    got, expected = beamsearch.generate(model, **kwargs), model.generate(**kwargs)
+    assert rows == {24: (4, 3, 9, 8)}  # by default too: one copy per example, queried one row slot at a time
+    assert torch.equal(got.sequences, expected.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got.scores, expected.scores, strict=True))  # bit for bit
 
 
 def test_cache_grows_past_its_capacity() -> None:

@@ -149,10 +149,7 @@ class LeanT5State:
 
     def _drop_examples(self, index: torch.Tensor) -> None:
         per_example = self.rows_per_example
-        if self.share_encoder_state:
-            self._select_cross(index[::per_example] // per_example)  # [B'] examples in their new order
-        else:
-            self._select_cross(index)
+        self._select_cross(index[::per_example] // per_example)  # [B'] examples in their new order
         self.examples = index.shape[0] // per_example
         self.cache.gather_rows(index, self.length)
 
@@ -163,7 +160,7 @@ class LeanT5State:
         if self.length == self.cache.capacity:  # a stopping rule of the caller's went past max_length
             self.cache.grow(self.length)
         position, rows = self.length, tokens.shape[0]
-        queries_per_key = rows // self.cross_keys[0].shape[0]  # K with a shared encoder state, else 1
+        queries_per_key = rows // self.cross_keys[0].shape[0]  # K: an example's rows share its encoder state
         hidden = self.model.decoder.embed_tokens(tokens)  # [R, D]
         bias = self.bias_module.compute_bias(1, position + 1, device=tokens.device, past_seen_tokens=position)
         bias = bias.view(1, self.heads, 1, position + 1)  # [1, H, 1, t]
@@ -189,13 +186,22 @@ class LeanT5State:
         return hidden + attention.o(mixed)
 
     def _cross_attention(self, sublayer: Any, hidden: torch.Tensor, layer: int, queries_per_key: int) -> torch.Tensor:
+        """Each row attends to its example's keys and values ``[B, H, S, d]``. By default one kernel call per row
+        slot (the j-th row of every example): each (example, head) is then computed exactly as transformers
+        computes it over keys copied to every row, bit for bit. With ``share_encoder_state`` one call takes an
+        example's K rows as K query positions (faster, rounding differs)."""
         attention = sublayer.EncDecAttention
         normed = sublayer.layer_norm(hidden)
-        keys, values = self.cross_keys[layer], self.cross_values[layer]  # [C, H, S, d]
-        heads, size = self.heads, self.head_size
-        query = attention.q(normed).view(keys.shape[0], queries_per_key, heads, size).transpose(1, 2)  # [C, H, q, d]
-        mixed = self.attend(query, keys, values, self.source_bias)  # [C, H, q, d]
-        return hidden + attention.o(mixed.transpose(1, 2).reshape(-1, heads * size))
+        keys, values = self.cross_keys[layer], self.cross_values[layer]  # [B, H, S, d]
+        examples, heads, size = keys.shape[0], self.heads, self.head_size
+        query = attention.q(normed).view(examples, queries_per_key, heads, size)  # [B, K, H, d]
+        if self.share_encoder_state or queries_per_key == 1:
+            mixed = self.attend(query.transpose(1, 2), keys, values, self.source_bias).transpose(1, 2)  # [B, K, H, d]
+        else:
+            slots = [self.attend(query[:, j, :, None], keys, values, self.source_bias)  # [B, H, 1, d]
+                     for j in range(queries_per_key)]
+            mixed = torch.stack(slots, dim=1)  # [B, K, H, 1, d]
+        return hidden + attention.o(mixed.reshape(-1, heads * size))
 
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
         """The first call: the given tokens ``[N, t0]`` of each example once, then the cache copied to its rows."""
@@ -211,8 +217,6 @@ class LeanT5State:
             logits = self.forward(tokens[:, column])
         self.cache.gather_rows(expansion, self.length)
         self.rows_per_example = rows // self.examples
-        if not self.share_encoder_state:
-            self._select_cross(expansion)
         self.expansion = None
         return logits.index_select(0, expansion)
 
