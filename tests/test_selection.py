@@ -15,23 +15,28 @@ def reference(log_probs: torch.Tensor, beam_scores: torch.Tensor, count: int):
     return torch.topk((log_probs + beam_scores[:, :, None]).reshape(b, k * vocab), count)
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """Counts the calls that fell back to the sums and ``torch.topk``."""
-    calls = {"fallback": 0}
-    original = selection._top_of_sums
+def count_calls(monkeypatch, module, name: str) -> dict:
+    """Replaces ``module.name`` with a wrapper that counts its calls in the returned ``{"calls": n}``."""
+    calls = {"calls": 0}
+    original = getattr(module, name)
 
     def counting(*args):
-        calls["fallback"] += 1
+        calls["calls"] += 1
         return original(*args)
 
-    monkeypatch.setattr(selection, "_top_of_sums", counting)
+    monkeypatch.setattr(module, name, counting)
     return calls
+
+
+@pytest.fixture
+def fallbacks(monkeypatch):
+    """Counts the calls that fell back to the sums and ``torch.topk``."""
+    return count_calls(monkeypatch, selection, "_top_of_sums")
 
 
 @pytest.mark.parametrize("vocab", [32128, 5 * selection.CHUNK, 3000, 50257])
 @pytest.mark.parametrize("beams", [1, 4, 8])
-def test_equals_topk_of_sums(vocab, beams, counted):
+def test_equals_topk_of_sums(vocab, beams, fallbacks):
     generator = torch.Generator().manual_seed(vocab + beams)
     for batch in (1, 3):
         logits = torch.randn(batch * beams, vocab, generator=generator) * 4
@@ -43,10 +48,10 @@ def test_equals_topk_of_sums(vocab, beams, counted):
         assert torch.equal(values, want_values)
         assert torch.equal(positions, want_positions)
     chunk_path = beams * (vocab // selection.CHUNK) >= selection.MIN_CHUNKS_PER_CANDIDATE * 2 * beams
-    assert counted["fallback"] == (0 if chunk_path else 2)  # no ties here: only short rows use torch.topk
+    assert fallbacks["calls"] == (0 if chunk_path else 2)  # no ties here: only short rows use torch.topk
 
 
-def test_first_step_masked_beams_and_masked_tokens(counted):
+def test_first_step_masked_beams_and_masked_tokens(fallbacks):
     """Step 0 (only the first beam lives, the others at -1e9) and -inf tokens (suppressed, banned)."""
     generator = torch.Generator().manual_seed(3)
     log_probs = torch.log_softmax(torch.randn(2 * 4, 32128, generator=generator), dim=-1).reshape(2, 4, 32128)
@@ -56,10 +61,10 @@ def test_first_step_masked_beams_and_masked_tokens(counted):
     want_values, want_positions = reference(log_probs, beam_scores, 8)
     assert torch.equal(values, want_values) and torch.equal(positions, want_positions)
     assert bool((positions < 32128).all())  # all from the live beam
-    assert counted["fallback"] == 0
+    assert fallbacks["calls"] == 0
 
 
-def test_ties_fall_back_to_topk(counted):
+def test_ties_fall_back_to_topk(fallbacks):
     """Equal sums among the best, or equal chunk maxima at the cut: torch.topk decides, as in transformers."""
     generator = torch.Generator().manual_seed(5)
     log_probs = torch.log_softmax(torch.randn(4, 32128, generator=generator), dim=-1).reshape(1, 4, 32128)
@@ -69,10 +74,10 @@ def test_ties_fall_back_to_topk(counted):
     values, positions = top_totals(log_probs, beam_scores, 8)
     want_values, want_positions = reference(log_probs, beam_scores, 8)
     assert torch.equal(values, want_values) and torch.equal(positions, want_positions)
-    assert counted["fallback"] == 1
+    assert fallbacks["calls"] == 1
 
 
-def test_nan_falls_back_to_topk(counted):
+def test_nan_falls_back_to_topk(fallbacks):
     log_probs = torch.log_softmax(torch.randn(8, 32128), dim=-1).reshape(2, 4, 32128)
     log_probs[1, 3, 100] = float("nan")
     beam_scores = torch.zeros(2, 4)
@@ -80,13 +85,13 @@ def test_nan_falls_back_to_topk(counted):
     want_values, want_positions = reference(log_probs, beam_scores, 8)
     assert torch.equal(positions, want_positions)
     assert torch.equal(values.isnan(), want_values.isnan())
-    assert counted["fallback"] == 1
+    assert fallbacks["calls"] == 1
 
 
-def test_small_vocabularies_use_topk(counted):
+def test_small_vocabularies_use_topk(fallbacks):
     log_probs = torch.log_softmax(torch.randn(4, 40), dim=-1).reshape(1, 4, 40)
     top_totals(log_probs, torch.zeros(1, 4), 8)
-    assert counted["fallback"] == 1
+    assert fallbacks["calls"] == 1
 
 
 def _is_beam_search(seed: int) -> bool:
@@ -108,21 +113,14 @@ def test_parity_grid_with_tiny_chunks(seed, monkeypatch):
     assert_same_output(expected, actual)
 
 
-def test_parity_grid_takes_the_chunk_path(counted, monkeypatch):
+def test_parity_grid_takes_the_chunk_path(fallbacks, monkeypatch):
     """The grid above really runs the chunk path: most steps of its beam cases do not fall back."""
     monkeypatch.setattr(selection, "CHUNK", 2)
     monkeypatch.setattr(selection, "MIN_CHUNKS_PER_CANDIDATE", 1)
-    steps = {"calls": 0}
-    original = selection.top_totals
-
-    def counting(*args):
-        steps["calls"] += 1
-        return original(*args)
-
     import beamsearch.strategies.beam as beam_module
 
-    monkeypatch.setattr(beam_module, "top_totals", counting)
+    steps = count_calls(monkeypatch, beam_module, "top_totals")
     for seed in BEAM_SEEDS:
         run_both(*random_case(seed), seed)
     assert steps["calls"] > 100
-    assert counted["fallback"] < steps["calls"] // 2, (counted, steps)
+    assert fallbacks["calls"] < steps["calls"] // 2, (fallbacks["calls"], steps)
