@@ -7,9 +7,10 @@ layer norms, projections and feed-forward blocks directly and does the rest itse
 
 - the self-attention cache is preallocated time-major (``[T, N, H, d]`` per layer): a step writes one slice,
   and the beam reorder gathers only the filled part into a second buffer (one copy, no ``cat``);
-- the cross-attention keys and values are computed once per example, then copied to its rows once (as
-  transformers does) and never reordered; with ``share_encoder_state`` they stay one copy per example and an
-  example's K queries attend to them in one batched call, so encoder memory is flat in K;
+- the cross-attention keys and values are computed once per example and stay one copy per example (encoder
+  memory flat in K), never reordered: transformers copies them to every row, and as the attention kernel
+  computes each (batch row, head) on its own, one call per row slot (the j-th row of every example) gives the
+  same bits; with ``share_encoder_state`` an example's K queries attend in one batched call (rounding differs);
 - the relative position bias is the model's own ``compute_bias`` for the new position;
 - attention is computed as the model's attention implementation computes it (``sdpa``: the same
   ``scaled_dot_product_attention`` call with the bias as its mask; ``eager``: matmul, bias, softmax, matmul),
@@ -81,10 +82,9 @@ def _clamp_float16(hidden: torch.Tensor) -> torch.Tensor:
 class LeanT5State:
     """Decoder state of a T5 model between steps, reordered by the engine like any state.
 
-    Cross-attention keys and values ``[C, H, S, d]`` of every layer and the additive source mask
-    ``[C, 1, 1, S]``, where C is B (``share_encoder_state``: an example's K rows query one copy) or N (one copy
-    per row, as transformers computes it). Per row: the self-attention keys and values of every layer, filled up
-    to ``length`` (a :class:`TimeMajorCache`).
+    Per example: the cross-attention keys and values ``[B, H, S, d]`` of every layer and the additive source mask
+    ``[B, 1, 1, S]`` (an example's K rows query one copy). Per row: the self-attention keys and values of every
+    layer, filled up to ``length`` (a :class:`TimeMajorCache`).
     """
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
