@@ -88,7 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--beams", help="comma-separated beam sizes, 1 = greedy (default 1,4,8)")
     parser.add_argument("--batches", help="comma-separated batch sizes (default 1,16,64)")
     parser.add_argument("--repeats", type=int, help="timed runs per engine after one warm-up (default 3)")
-    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
+    parser.add_argument("--engines", help=f"comma-separated subset of {ENGINES} (default: all; --quick: all but"
+                        " ours-compiled, whose compiling warm-ups would dominate a small grid)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch and CTranslate2 (default 1)")
     parser.add_argument("--lengths", help="output lengths of the time-vs-length sweep (t5-small; '' to skip)")
     parser.add_argument("--markdown-out", type=Path, help="also write the report as Markdown to this file")
@@ -104,7 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.batches = _ints(args.batches or preset["batches"])
     args.repeats = args.repeats or preset["repeats"]
     args.lengths = _ints(preset["lengths"] if args.lengths is None else args.lengths)
-    args.engines = [e for e in args.engines.split(",") if e]
+    default_engines = [e for e in ENGINES if not (args.quick and e == "ours-compiled")]
+    args.engines = [e for e in args.engines.split(",") if e] if args.engines else default_engines
     if not set(args.engines) <= set(ENGINES) or "ours" not in args.engines:
         parser.error(f"--engines: a subset of {ENGINES} that includes 'ours'")
     if args.device == "cuda" and not torch.cuda.is_available():
