@@ -191,6 +191,24 @@ def _g2p(work: Path, count: int) -> Workload:
     )
 
 
+def _decoder_only(name: str, model_class, config, vocab: int, shape_text: str, work: Path, count: int) -> Workload:
+    """A random decoder-only model saved with a word tokenizer, and batched prompts of mixed length (left-padded,
+    EOS suppressed), the same for every decoder-only workload."""
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    directory = work / name
+    model.save_pretrained(directory)
+    vocabulary = _names(vocab)
+    _word_tokenizer(vocabulary, directory)
+    return Workload(
+        name=name, description=f"{shape_text}, prompts of {GPT2_PROMPT_LENGTHS[0]}-{GPT2_PROMPT_LENGTHS[1]} tokens "
+        f"left-padded, {NEW_TOKENS} new tokens, EOS suppressed",
+        model=model, encoder_decoder=False, hf_dir=directory, vocabulary=vocabulary,
+        sources=_random_sources(count, vocab, GPT2_PROMPT_LENGTHS, seed=3), max_new_tokens=NEW_TOKENS,
+        eos=False, pad_token_id=PAD, eos_token_id=EOS, start_token_id=None,
+    )
+
+
 def _gpt2(work: Path, count: int) -> Workload:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -198,20 +216,8 @@ def _gpt2(work: Path, count: int) -> Workload:
     config = GPT2Config(vocab_size=shape["vocab"], n_embd=shape["n_embd"], n_inner=shape["n_inner"],
                         n_layer=shape["n_layer"], n_head=shape["n_head"], n_positions=1024, bos_token_id=BOS,
                         eos_token_id=EOS, pad_token_id=PAD)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(config).eval()
-    directory = work / "gpt2"
-    model.save_pretrained(directory)
-    vocabulary = _names(shape["vocab"])
-    _word_tokenizer(vocabulary, directory)
-    return Workload(
-        name="gpt2", description=f"random GPT-2, gpt2-small shape {tuple(shape.values())}, prompts of "
-        f"{GPT2_PROMPT_LENGTHS[0]}-{GPT2_PROMPT_LENGTHS[1]} tokens left-padded, {NEW_TOKENS} new tokens, "
-        "EOS suppressed",
-        model=model, encoder_decoder=False, hf_dir=directory, vocabulary=vocabulary,
-        sources=_random_sources(count, shape["vocab"], GPT2_PROMPT_LENGTHS, seed=3), max_new_tokens=NEW_TOKENS,
-        eos=False, pad_token_id=PAD, eos_token_id=EOS, start_token_id=None,
-    )
+    return _decoder_only("gpt2", GPT2LMHeadModel, config, shape["vocab"],
+                         f"random GPT-2, gpt2-small shape {tuple(shape.values())}", work, count)
 
 
 def _llama(work: Path, count: int) -> Workload:
@@ -222,20 +228,9 @@ def _llama(work: Path, count: int) -> Workload:
                          intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
                          num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
                          max_position_embeddings=1024, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    directory = work / "llama"
-    model.save_pretrained(directory)
-    vocabulary = _names(shape["vocab"])
-    _word_tokenizer(vocabulary, directory)
-    return Workload(
-        name="llama", description=f"random Llama, shape {tuple(shape.values())} (hidden, intermediate, layers, "
-        f"heads, key/value heads, vocab), prompts of {GPT2_PROMPT_LENGTHS[0]}-{GPT2_PROMPT_LENGTHS[1]} tokens "
-        f"left-padded, {NEW_TOKENS} new tokens, EOS suppressed",
-        model=model, encoder_decoder=False, hf_dir=directory, vocabulary=vocabulary,
-        sources=_random_sources(count, shape["vocab"], GPT2_PROMPT_LENGTHS, seed=3), max_new_tokens=NEW_TOKENS,
-        eos=False, pad_token_id=PAD, eos_token_id=EOS, start_token_id=None,
-    )
+    return _decoder_only("llama", LlamaForCausalLM, config, shape["vocab"],
+                         f"random Llama, shape {tuple(shape.values())} (hidden, intermediate, layers, heads, "
+                         "key/value heads, vocab)", work, count)
 
 
 MODELS = ("t5-small", "t5-small-eos", "g2p", "gpt2", "llama")
