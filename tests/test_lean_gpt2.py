@@ -9,6 +9,7 @@ from tiny_hf import (
     assert_alone_equals_in_batch,
     assert_bitwise_generate,
     assert_finished_examples_leave,
+    compare_lean_steps,
     generate_both,
     left_padded_inputs,
 )
@@ -67,26 +68,6 @@ def test_lean_step_equals_transformers(case: int, implementation: str, padded: b
         assert torch.equal(mine, theirs)
 
 
-def reference_logits(model, ids, mask, rows_per_example, parents, tokens, padded):
-    """The model's own forward with its cache on the expanded rows: prompt, then one token a step after
-    reordering the cache by ``parents``; positions and mask as transformers' generate makes them."""
-    expand = torch.arange(ids.shape[0]).repeat_interleave(rows_per_example)
-    ids, mask = ids[expand], mask[expand]
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    cache = transformers.DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask if padded else None, position_ids=positions, past_key_values=cache,
-                use_cache=True, logits_to_keep=1)
-    logits = [out.logits[:, -1]]
-    last = positions[:, -1:]
-    for index, token in zip(parents, tokens, strict=True):
-        cache.reorder_cache(index)
-        mask, last = torch.cat([mask[index], torch.ones_like(mask[:, :1])], dim=1), last[index] + 1
-        out = model(input_ids=token[:, None], attention_mask=mask if padded else None, position_ids=last,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits.append(out.logits[:, -1])
-    return torch.stack(logits)
-
-
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_step_logits_are_bitwise_those_of_the_model_forward(implementation: str, padded: bool) -> None:
@@ -94,30 +75,12 @@ def test_step_logits_are_bitwise_those_of_the_model_forward(implementation: str,
     examples between steps; the state starts with room for the prompt and one position and grows past them."""
     from beamsearch.adapters.hf_gpt2 import LeanGPT2State, lean_gpt2_step
 
-    model = gpt2(implementation, seed=11)
     ids, mask = inputs(3, seed=11, length=7, padded=padded)
-    per_example, rows, steps = 3, 9, 8
-    generator = torch.Generator().manual_seed(3)
-    parents = [torch.arange(rows) // per_example * per_example + torch.randint(per_example, (rows,),
-                                                                                generator=generator)
-               for _ in range(steps)]
-    tokens = [torch.randint(3, VOCAB, (rows,), generator=generator) for _ in range(steps)]
-    with torch.no_grad():
-        expected = reference_logits(model, ids, mask, per_example, parents, tokens, padded)
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        kwargs = {"attention_mask": mask if padded else None, "position_ids": positions, "use_cache": True,
-                  "past_key_values": transformers.DynamicCache(config=model.config), "logits_to_keep": 1}
-        state = LeanGPT2State(model, kwargs, model.generation_config, max_length=3)
-        state.reorder(torch.arange(3).repeat_interleave(per_example))
-        sequence = ids.repeat_interleave(per_example, dim=0)
-        logits = [lean_gpt2_step(sequence, state)[0]]
-        for index, token in zip(parents, tokens, strict=True):
-            state.reorder(index)
-            sequence = torch.cat([sequence[index], token[:, None]], dim=1)
-            logits.append(lean_gpt2_step(sequence, state)[0])
+    logits, expected, state = compare_lean_steps(gpt2(implementation, seed=11), LeanGPT2State, lean_gpt2_step, ids,
+                                                 mask, VOCAB, padded, prompt_per_example=False)
     assert state.cache.capacity == 16  # the prompt's 7 positions + 1, doubled once
     assert (state.mask is not None) == padded
-    assert torch.equal(torch.stack(logits), expected)
+    assert torch.equal(logits, expected)
 
 
 def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> None:

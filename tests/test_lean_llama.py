@@ -10,6 +10,7 @@ from tiny_hf import (
     assert_alone_equals_in_batch,
     assert_bitwise_generate,
     assert_finished_examples_leave,
+    compare_lean_steps,
     generate_both,
     left_padded_inputs,
     tiny_model,
@@ -54,58 +55,14 @@ def inputs(batch: int, seed: int = 0, length: int = 9, padded: bool = True):
     return left_padded_inputs(VOCAB, PAD, batch, seed, length, padded)
 
 
-def reference_logits(model, ids, mask, rows_per_example, parents, tokens, padded):
-    """The model's own forward with its cache: the prompt once per example, its cache and logits expanded to the
-    example's rows (as the generic step does), then one token a step after reordering the cache by ``parents``;
-    positions and mask as transformers' generate makes them."""
-    expand = torch.arange(ids.shape[0]).repeat_interleave(rows_per_example)
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    cache = transformers.DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask if padded else None, position_ids=positions, past_key_values=cache,
-                use_cache=True, logits_to_keep=1)
-    cache.reorder_cache(expand)
-    logits = [out.logits[expand, -1]]
-    mask, last = mask[expand], positions[expand, -1:]
-    for index, token in zip(parents, tokens, strict=True):
-        cache.reorder_cache(index)
-        mask, last = torch.cat([mask[index], torch.ones_like(mask[:, :1])], dim=1), last[index] + 1
-        out = model(input_ids=token[:, None], attention_mask=mask if padded else None, position_ids=last,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits.append(out.logits[:, -1])
-    return torch.stack(logits)
-
-
-def lean_logits(model, ids, mask, rows_per_example, parents, tokens, padded):
-    """The same steps through the lean state (room for the prompt and one position, so that it grows)."""
+def compare_steps(model, padded: bool):
+    """Lean and reference logits ``[steps + 1, N, V]`` for 3 examples of 3 rows, and the lean state; the reference
+    runs the prompt once per example (see compare_lean_steps)."""
     from beamsearch.adapters.hf_llama import LeanLlamaState, lean_llama_step
 
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    kwargs = {"attention_mask": mask if padded else None, "position_ids": positions, "use_cache": True,
-              "past_key_values": transformers.DynamicCache(config=model.config), "logits_to_keep": 1}
-    state = LeanLlamaState(model, kwargs, model.generation_config, max_length=3)
-    state.reorder(torch.arange(ids.shape[0]).repeat_interleave(rows_per_example))
-    sequence = ids.repeat_interleave(rows_per_example, dim=0)
-    logits = [lean_llama_step(sequence, state)[0]]
-    for index, token in zip(parents, tokens, strict=True):
-        state.reorder(index)
-        sequence = torch.cat([sequence[index], token[:, None]], dim=1)
-        logits.append(lean_llama_step(sequence, state)[0])
-    return torch.stack(logits), state
-
-
-def compare_steps(model, padded: bool):
-    """Lean and reference logits ``[steps + 1, N, V]`` for 3 examples of 3 rows, and the lean state."""
     ids, mask = inputs(3, seed=11, length=7, padded=padded)
-    per_example, rows, steps = 3, 9, 8
-    generator = torch.Generator().manual_seed(3)
-    parents = [torch.arange(rows) // per_example * per_example + torch.randint(per_example, (rows,),
-                                                                                generator=generator)
-               for _ in range(steps)]
-    tokens = [torch.randint(3, VOCAB, (rows,), generator=generator) for _ in range(steps)]
-    with torch.no_grad():
-        expected = reference_logits(model, ids, mask, per_example, parents, tokens, padded)
-        got, state = lean_logits(model, ids, mask, per_example, parents, tokens, padded)
-    return got, expected, state
+    return compare_lean_steps(model, LeanLlamaState, lean_llama_step, ids, mask, VOCAB, padded,
+                              prompt_per_example=True)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (4, 1), (4, 4)])

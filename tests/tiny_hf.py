@@ -165,3 +165,58 @@ def assert_finished_examples_leave(monkeypatch, model, ids: torch.Tensor, mask: 
         assert lengths.min() < lengths.max(), "the case does not finish examples at different steps"
     assert shrinks, "no example left the batch"
     assert any(after < before for before, after in shrinks), "no example left the batch"
+
+
+def compare_lean_steps(model, state_class, step, ids: torch.Tensor, mask: torch.Tensor, vocab: int, padded: bool,
+                       prompt_per_example: bool, per_example: int = 3, steps: int = 8):
+    """Per-step logits ``[steps + 1, N, V]`` of a lean decoder-only step and of the model's own forward with its
+    cache, rows reordered within their examples between steps (random parents and tokens): ``(lean, reference,
+    lean state)``. The lean state starts with room for the prompt and one position, so it grows.
+
+    The reference runs the prompt on the expanded rows, as transformers' generate does, or once per example and
+    then expands its cache and logits (``prompt_per_example``, as the generic step does: in some layouts the
+    prompt's last bits depend on how many rows it runs on). Positions and mask as transformers' generate makes
+    them."""
+    import transformers
+
+    examples, rows = ids.shape[0], ids.shape[0] * per_example
+    generator = torch.Generator().manual_seed(3)
+    parents = [torch.arange(rows) // per_example * per_example + torch.randint(per_example, (rows,),
+                                                                                generator=generator)
+               for _ in range(steps)]
+    tokens = [torch.randint(3, vocab, (rows,), generator=generator) for _ in range(steps)]
+    expand = torch.arange(examples).repeat_interleave(per_example)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+    def cache_kwargs(attention_mask):
+        return {"attention_mask": attention_mask if padded else None, "use_cache": True, "logits_to_keep": 1,
+                "past_key_values": transformers.DynamicCache(config=model.config)}
+
+    with torch.no_grad():
+        if prompt_per_example:
+            kwargs = cache_kwargs(mask)
+            out = model(input_ids=ids, position_ids=positions, **kwargs)
+            kwargs["past_key_values"].reorder_cache(expand)
+            reference = [out.logits[expand, -1]]
+        else:
+            kwargs = cache_kwargs(mask[expand])
+            out = model(input_ids=ids[expand], position_ids=positions[expand], **kwargs)
+            reference = [out.logits[:, -1]]
+        cache, row_mask, last = kwargs["past_key_values"], mask[expand], positions[expand, -1:]
+        for index, token in zip(parents, tokens, strict=True):
+            cache.reorder_cache(index)
+            row_mask, last = torch.cat([row_mask[index], torch.ones_like(row_mask[:, :1])], dim=1), last[index] + 1
+            out = model(input_ids=token[:, None], attention_mask=row_mask if padded else None, position_ids=last,
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+            reference.append(out.logits[:, -1])
+
+        state = state_class(model, dict(cache_kwargs(mask), position_ids=positions), model.generation_config,
+                            max_length=3)
+        state.reorder(expand)
+        sequence = ids[expand]
+        lean = [step(sequence, state)[0]]
+        for index, token in zip(parents, tokens, strict=True):
+            state.reorder(index)
+            sequence = torch.cat([sequence[index], token[:, None]], dim=1)
+            lean.append(step(sequence, state)[0])
+    return torch.stack(lean), torch.stack(reference), state
