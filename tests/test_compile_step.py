@@ -1,4 +1,5 @@
-"""``compile_step=True``: the lean steps' forward under ``torch.compile`` (dynamic shapes), and its refusals."""
+"""``compile_step``: the lean steps' decoder under ``torch.compile`` (``True``: dynamic shapes; ``'static'``: the
+fixed-shape T5 step), and its refusals."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def _inputs(model, batch: int, seed: int):
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
-def test_compiled_lean_step_decodes_like_the_lean_step(name: str, compiled) -> None:
+@pytest.mark.parametrize(("name", "mode"), [("t5", True), ("gpt2", True), ("llama", True), ("t5", "static")])
+def test_compiled_lean_step_decodes_like_the_lean_step(name: str, mode, compiled) -> None:
     """Same sequences as the uncompiled lean step (and so as transformers on these models); scores to float
     precision (the compiled kernels fuse and reorder the arithmetic, so bitwise equality is not promised)."""
     torch._dynamo.reset()
@@ -48,11 +49,32 @@ def test_compiled_lean_step_decodes_like_the_lean_step(name: str, compiled) -> N
                   return_dict_in_generate=True, output_scores=True)
     eager = beamsearch.generate(model, **kwargs)
     for _ in range(2):  # the second call reuses the compiled code
-        fast = beamsearch.generate(model, **kwargs, compile_step=True)
+        fast = beamsearch.generate(model, **kwargs, compile_step=mode)
         assert torch.equal(fast.sequences, eager.sequences)
         torch.testing.assert_close(fast.sequences_scores, eager.sequences_scores, atol=1e-4, rtol=1e-4)
-    assert len(compiled) == 2 and all(kwargs == {"dynamic": True} for _, kwargs in compiled)
-    assert all(getattr(function, "__name__", "") == "forward" for function, _ in compiled)
+    dynamic = None if mode == "static" else True  # static: shapes fixed until the rows change
+    assert len(compiled) == 2 and all(kwargs == {"dynamic": dynamic} for _, kwargs in compiled)
+    assert all(getattr(function, "__name__", "") == "decode" for function, _ in compiled)
+
+
+def test_static_step_compiles_once_per_row_count(monkeypatch) -> None:
+    """``compile_step='static'`` compiled with ``dynamic=False`` (every new input shape a new graph): a 9-step
+    decode makes two graphs, the prompt's (one row per example) and the rows' (B*K), as no step changes a shape;
+    the dynamic-shape step compiled so makes one graph per step (its attention reads the filled positions)."""
+    from torch._dynamo.utils import counters
+
+    original = torch.compile
+    monkeypatch.setattr(hf_adapter.torch, "compile", lambda function, **kwargs: original(function, dynamic=False))
+    model = tiny_model("t5")
+    kwargs = dict(_inputs(model, 3, seed=2), num_beams=3, max_new_tokens=9, min_new_tokens=9)
+    graphs = {}
+    for mode in ("static", True):
+        torch._dynamo.reset()
+        counters.clear()
+        beamsearch.generate(model, **kwargs, compile_step=mode)
+        graphs[mode] = counters["stats"]["unique_graphs"]
+    assert graphs["static"] == 2
+    assert graphs[True] >= 8  # (then torch.compile's recompile limit sends the last steps to eager)
 
 
 def test_compile_step_refusals() -> None:
@@ -64,5 +86,8 @@ def test_compile_step_refusals() -> None:
     with pytest.raises(ValueError, match="compile_step=True needs a lean step.*lean_step=False"):
         beamsearch.generate(t5, **dict(_inputs(t5, 2, seed=0), num_beams=2, max_new_tokens=3), compile_step=True,
                             lean_step=False)
-    with pytest.raises(ValueError, match="compile_step must be True or False"):
+    gpt2 = tiny_model("gpt2")
+    with pytest.raises(ValueError, match="compile_step='static' needs.*built for T5 only, not gpt2"):
+        beamsearch.generate(gpt2, **dict(_inputs(gpt2, 2, seed=0), max_new_tokens=3), compile_step="static")
+    with pytest.raises(ValueError, match="compile_step must be True, False or .static."):
         beamsearch.generate(t5, **dict(_inputs(t5, 2, seed=0), max_new_tokens=3), compile_step="yes")

@@ -186,6 +186,78 @@ def test_cache_grows_past_its_capacity() -> None:
     assert torch.equal(logits[0], logits[1])
 
 
+def _fixed_shape_uncompiled(monkeypatch) -> list[tuple[int, ...]]:
+    """``compile_step='static'`` with ``torch.compile`` patched to the identity (the fixed-shape arithmetic run
+    eagerly); returns the shapes of the keys every self-attention read."""
+    from beamsearch.adapters.lean_cache import TimeMajorCache
+
+    read = []
+    original = TimeMajorCache.write
+
+    def recording(cache, layer, position, key, value):
+        keys, values = original(cache, layer, position, key, value)
+        read.append(tuple(keys.shape))
+        return keys, values
+
+    monkeypatch.setattr(TimeMajorCache, "write", recording)
+    monkeypatch.setattr(hf_adapter.torch, "compile", lambda function, **kwargs: function)
+    return read
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_fixed_shape_step_equals_transformers(case: int, monkeypatch) -> None:
+    """The fixed-shape step (``compile_step='static'``: the position a tensor, attention over every position of
+    the preallocated cache with the unfilled ones masked) gives transformers' tokens, scores to 1e-5 (the masked
+    positions add exact zeros, but the attention kernel sums in another order), and every step reads the same
+    shape."""
+    read = _fixed_shape_uncompiled(monkeypatch)
+    model = t5(gated=case % 2 == 1, tied=case % 3 == 0, seed=case)
+    ids, mask = inputs(5, seed=case)
+    kwargs = dict(CASES[case], max_new_tokens=14, return_dict_in_generate=True, output_scores=True)
+    kwargs.setdefault("do_sample", False)
+    expected, got = generate_both(model, {"compile_step": "static"}, input_ids=ids, attention_mask=mask, **kwargs)
+    assert torch.equal(got.sequences, expected.sequences)
+    if kwargs.get("num_beams", 1) > 1:
+        torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
+    for mine, theirs in zip(got.scores, expected.scores, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+    assert read and all(shape[2] == read[0][2] for shape in read)  # [N, H, T, d]: T at every step
+
+
+def test_fixed_shape_step_with_finished_examples_and_growth(monkeypatch) -> None:
+    """Examples leaving the batch (their zeroed cache rows gathered) and a cache doubling past its capacity keep
+    the fixed-shape step equal to the lean step (tokens; logits to 1e-5)."""
+    from beamsearch.adapters.hf_t5 import LeanT5State
+
+    read = _fixed_shape_uncompiled(monkeypatch)
+    model = t5(seed=9)
+    with torch.no_grad():
+        model.lm_head.weight[1] *= 1.5  # here: 4 of the 8 examples leave before the last step
+    ids, mask = inputs(8, seed=9)
+    kwargs = dict(num_beams=3, max_new_tokens=20, early_stopping=True, do_sample=False)
+    expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    got = beamsearch.generate(model, input_ids=ids, attention_mask=mask, compile_step="static", **kwargs)
+    assert torch.equal(got, expected)
+    assert {shape[0] for shape in read} == {8, 24, 21, 18, 15, 12}  # rows: the prompt, B*K, then fewer
+    read.clear()
+    ids, mask = inputs(3, seed=10)
+    with torch.no_grad():
+        hidden = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        states = [LeanT5State(model, hidden, mask, 2, fixed_shape=True), LeanT5State(model, hidden, mask, 8)]
+        logits = []
+        for state in states:
+            state.reorder(torch.arange(3).repeat_interleave(2))
+            steps = [state.prefill(torch.zeros(6, 1, dtype=torch.long))]
+            for position in range(6):
+                state.reorder(torch.tensor([1, 0, 2, 2, 5, 4]))
+                steps.append(state.forward(torch.full((6,), 3 + position)))
+            logits.append(torch.stack(steps))
+            if state.fixed_shape:
+                attended = {shape[2] for shape in read}  # T of every read: 2, then 4, then 8 positions
+    assert states[0].cache.capacity == 8 and attended == {2, 4, 8}
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=0)
+
+
 def test_quantized_model_runs_the_lean_step() -> None:
     model = beamsearch.quantize_int8(t5(seed=8))
     ids, mask = inputs(3, seed=8)

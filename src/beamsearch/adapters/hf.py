@@ -228,22 +228,25 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
     step's forward runs under ``torch.compile`` (dynamic shapes)."""
     if lean_step is not None and not isinstance(lean_step, bool):
         raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
-    for name, value in (("share_encoder_state", share_encoder_state), ("compile_step", compile_step)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if not isinstance(share_encoder_state, bool):
+        raise ValueError(f"share_encoder_state must be True or False, got {share_encoder_state!r}")
+    if not isinstance(compile_step, bool) and compile_step != "static":
+        raise ValueError(f"compile_step must be True, False or 'static', got {compile_step!r}")
+    fixed_shape = compile_step == "static"
     if lean_step is False:
         reason = "lean_step=False was given"
     else:
-        step, state, reason = _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state)
+        step, state, reason = _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state,
+                                         fixed_shape)
         if reason is None:
             if compile_step:
-                state.forward = torch.compile(state.forward, dynamic=True)
+                state.decode = torch.compile(state.decode, dynamic=None if fixed_shape else True)
             return step, state
     if share_encoder_state:
         raise ValueError(f"share_encoder_state=True needs the lean T5 step, which cannot run this call: {reason}")
     if compile_step:
-        raise ValueError(f"compile_step=True needs a lean step (T5, GPT-2, Llama), which cannot run this call: "
-                         f"{reason}")
+        raise ValueError(f"compile_step={compile_step!r} needs a lean step (T5, GPT-2, Llama; 'static': T5), which "
+                         f"cannot run this call: {reason}")
     if lean_step:
         raise ValueError(f"lean_step=True cannot run this call: {reason}")
     state = HFState(model, model_kwargs, config)
@@ -252,10 +255,13 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
     return hf_step, state
 
 
-def _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state):
-    """The lean step and its state for this model and call: ``(step, state, None)``, or ``(None, None, why not)``."""
+def _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state, fixed_shape=False):
+    """The lean step and its state for this model and call: ``(step, state, None)``, or ``(None, None, why not)``.
+    ``fixed_shape``: the state's ``decode`` takes the position as a tensor (the T5 step only, so far)."""
     model_type = getattr(model.config, "model_type", None)
-    if model_type == "gpt2" and not share_encoder_state:
+    if fixed_shape and model_type in ("gpt2", "llama"):
+        reason = f"the fixed-shape step is built for T5 only, not {model_type}"
+    elif model_type == "gpt2" and not share_encoder_state:
         reason = lean_gpt2_reason(model, model_kwargs, needs_attention)
         if reason is None:
             return lean_gpt2_step, LeanGPT2State(model, model_kwargs, config, options.max_length), None
@@ -268,7 +274,7 @@ def _lean_step(model, model_kwargs, config, options, needs_attention, share_enco
         if reason is None:
             encoded = model_kwargs["encoder_outputs"].last_hidden_state
             state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length,
-                                share_encoder_state=share_encoder_state)
+                                share_encoder_state=share_encoder_state, fixed_shape=fixed_shape)
             return lean_t5_step, state, None
     return None, None, reason
 

@@ -67,11 +67,9 @@ class LeanGPT2State(LeanDecoderState):
         super().__init__(model, model_kwargs, generation_config, max_length, cache_heads=self.heads,
                          head_size=attention.head_dim, dtype=model.transformer.wte.weight.dtype)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One position for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32); the cache grows by one."""
-        if self.length == self.cache.capacity:
-            self._grow()
-        position, rows = self.length, tokens.shape[0]
+    def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """The decoder at ``position`` for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32)."""
+        rows = tokens.shape[0]
         transformer = self.model.transformer
         hidden = transformer.wte(tokens[:, None]) + transformer.wpe(self.positions[:, None])  # [N, 1, D]
         mask = None if self.mask is None else self.mask[:, None, None, : position + 1]  # [N, 1, 1, t]
@@ -79,8 +77,6 @@ class LeanGPT2State(LeanDecoderState):
             hidden = self._attention(block.attn, block.ln_1(hidden), layer, position, mask) + hidden
             hidden = hidden + block.mlp(block.ln_2(hidden))
         hidden = transformer.ln_f(hidden)
-        self.length += 1
-        self.positions = self.positions + 1
         return self.model.lm_head(hidden).view(rows, -1).float()
 
     def _attention(self, attention: Any, normed: torch.Tensor, layer: int, position: int,

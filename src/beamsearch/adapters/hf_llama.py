@@ -106,11 +106,9 @@ class LeanLlamaState(LeanDecoderState):
 
             self.use_gqa_in_sdpa = use_gqa_in_sdpa
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One position for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32); the cache grows by one."""
-        if self.length == self.cache.capacity:
-            self._grow()
-        position, rows = self.length, tokens.shape[0]
+    def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """The decoder at ``position`` for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32)."""
+        rows = tokens.shape[0]
         decoder = self.model.model
         hidden = decoder.embed_tokens(tokens[:, None])  # [N, 1, D]
         rotary = decoder.rotary_emb(hidden, self.positions[:, None])  # cos, sin [N, 1, d]
@@ -120,8 +118,6 @@ class LeanLlamaState(LeanDecoderState):
                                               rotary, mask)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         hidden = decoder.norm(hidden)
-        self.length += 1
-        self.positions = self.positions + 1
         return self.model.lm_head(hidden).view(rows, -1).float()
 
     def _attention(self, attention: Any, normed: torch.Tensor, layer: int, position: int,

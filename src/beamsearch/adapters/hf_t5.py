@@ -88,7 +88,7 @@ class LeanT5State:
     """
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
-                 share_encoder_state: bool = False):
+                 share_encoder_state: bool = False, fixed_shape: bool = False):
         self.model = model
         self.blocks = list(model.decoder.block)
         attention = self.blocks[0].layer[0].SelfAttention
@@ -99,6 +99,8 @@ class LeanT5State:
         self.dtype = encoder_hidden.dtype
         self.sdpa = model.config._attn_implementation == "sdpa"
         self.share_encoder_state = share_encoder_state
+        self.fixed_shape = fixed_shape
+        self.bias_table: torch.Tensor | None = None  # fixed shape: [H, T, T] position bias, future masked
         self.examples = encoder_hidden.shape[0]
         self.cross_keys = [self._heads(b.layer[1].EncDecAttention.k(encoder_hidden)) for b in self.blocks]
         self.cross_values = [self._heads(b.layer[1].EncDecAttention.v(encoder_hidden)) for b in self.blocks]
@@ -159,11 +161,27 @@ class LeanT5State:
         """One position for every row: tokens ``[R]`` -> logits ``[R, V]`` (float32); the cache grows by one."""
         if self.length == self.cache.capacity:  # a stopping rule of the caller's went past max_length
             self.cache.grow(self.length)
-        position, rows = self.length, tokens.shape[0]
+        if self.fixed_shape:
+            if self.bias_table is None or self.bias_table.shape[-1] != self.cache.capacity:
+                self.bias_table = self._bias_table(self.cache.capacity, tokens.device)
+            position = torch.tensor(self.length, device=tokens.device)
+        else:
+            position = self.length
+        logits = self.decode(tokens, position)
+        self.length += 1
+        return logits
+
+    def decode(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+        """The decoder at ``position`` (an int: attention over the filled positions; a 0-d tensor: the fixed-shape
+        step, attention over all T positions with the unfilled ones masked, the same shapes at every step)."""
+        rows = tokens.shape[0]
         queries_per_key = rows // self.cross_keys[0].shape[0]  # K: an example's rows share its encoder state
         hidden = self.model.decoder.embed_tokens(tokens)  # [R, D]
-        bias = self.bias_module.compute_bias(1, position + 1, device=tokens.device, past_seen_tokens=position)
-        bias = bias.view(1, self.heads, 1, position + 1)  # [1, H, 1, t]
+        if isinstance(position, torch.Tensor):
+            bias = self.bias_table.index_select(1, position.view(1))[None]  # [1, H, 1, T]
+        else:
+            bias = self.bias_module.compute_bias(1, position + 1, device=tokens.device, past_seen_tokens=position)
+            bias = bias.view(1, self.heads, 1, position + 1)  # [1, H, 1, t]
         for layer, block in enumerate(self.blocks):
             hidden = _clamp_float16(self._self_attention(block.layer[0], hidden, bias, layer, position))
             hidden = _clamp_float16(self._cross_attention(block.layer[1], hidden, layer, queries_per_key))
@@ -171,11 +189,18 @@ class LeanT5State:
         hidden = self.model.decoder.final_layer_norm(hidden)
         if self.scale is not None:
             hidden = hidden * self.scale
-        self.length += 1
         return self.model.lm_head(hidden).float()
 
+    def _bias_table(self, capacity: int, device: torch.device) -> torch.Tensor:
+        """The position bias of every query position over every key position ``[H, T, T]``, the model's own
+        ``compute_bias`` (the same buckets, so the same values, as one position at a time), future positions
+        masked with the dtype's minimum as transformers masks them."""
+        table = self.bias_module.compute_bias(capacity, capacity, device=device)[0]
+        future = torch.ones((capacity, capacity), dtype=torch.bool, device=device).triu(1)
+        return table.masked_fill(future, torch.finfo(table.dtype).min)
+
     def _self_attention(self, sublayer: Any, hidden: torch.Tensor, bias: torch.Tensor, layer: int,
-                        position: int) -> torch.Tensor:
+                        position: int | torch.Tensor) -> torch.Tensor:
         attention = sublayer.SelfAttention
         normed = sublayer.layer_norm(hidden)
         rows, heads, size = hidden.shape[0], self.heads, self.head_size
@@ -212,7 +237,7 @@ class LeanT5State:
         first = torch.searchsorted(expansion, torch.arange(self.examples, device=expansion.device))
         tokens = tokens.index_select(0, first)  # [B, t0]: one row per example
         shape = (self.max_length, self.examples, self.heads, self.head_size)
-        self.cache = TimeMajorCache.empty(len(self.blocks), shape, self.dtype, tokens.device)
+        self.cache = TimeMajorCache.empty(len(self.blocks), shape, self.dtype, tokens.device, zeroed=self.fixed_shape)
         for column in range(tokens.shape[1]):
             logits = self.forward(tokens[:, column])
         self.cache.gather_rows(expansion, self.length)

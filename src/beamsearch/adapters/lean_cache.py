@@ -13,16 +13,25 @@ class TimeMajorCache:
     that shape for reorders (2L + 1 buffers, not 4L).
 
     Time-major, a step writes one slice (no ``torch.cat``), a reorder gathers rows of the filled part only, and
-    attention reads strided ``[N, H, t, d]`` views.
+    attention reads strided ``[N, H, t, d]`` views. A fixed-shape step (``position`` a tensor) writes at a tensor
+    position and attends to all T positions, the unfilled ones masked: its buffers are ``zeroed`` (finite, as a
+    masked position still meets a key and a value).
     """
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], zeroed: bool = False):
         self.keys, self.values = keys, values
+        self.zeroed = zeroed
         self.spare: torch.Tensor | None = None  # made by the first reorder
 
     @classmethod
-    def empty(cls, layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> TimeMajorCache:
-        return cls(*([torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)] for _ in range(2)))
+    def empty(cls, layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+              zeroed: bool = False) -> TimeMajorCache:
+        make = torch.zeros if zeroed else torch.empty
+        return cls(*([make(shape, dtype=dtype, device=device) for _ in range(layers)] for _ in range(2)), zeroed)
+
+    def _new(self, like: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        shape = like.shape if shape is None else shape
+        return like.new_zeros(shape) if self.zeroed else like.new_empty(shape)
 
     @property
     def capacity(self) -> int:
@@ -32,10 +41,14 @@ class TimeMajorCache:
     def rows(self) -> int:
         return self.keys[0].shape[1]
 
-    def write(self, layer: int, position: int, key: torch.Tensor, value: torch.Tensor):
+    def write(self, layer: int, position: int | torch.Tensor, key: torch.Tensor, value: torch.Tensor):
         """Store the key and value ``[N, H, d]`` of ``position``; returns the layer's keys and values up to it,
-        ``[N, H, t, d]`` views."""
+        ``[N, H, t, d]`` views (all T positions when ``position`` is a 0-d tensor: the fixed-shape step)."""
         keys, values = self.keys[layer], self.values[layer]
+        if isinstance(position, torch.Tensor):
+            keys.index_copy_(0, position.view(1), key.unsqueeze(0))
+            values.index_copy_(0, position.view(1), value.unsqueeze(0))
+            return keys.permute(1, 2, 0, 3), values.permute(1, 2, 0, 3)
         keys[position], values[position] = key, value
         return keys[: position + 1].permute(1, 2, 0, 3), values[: position + 1].permute(1, 2, 0, 3)
 
@@ -47,7 +60,7 @@ class TimeMajorCache:
         positions), or, when fewer than half the positions move, the moving ones are gathered into the spare and
         copied back (two copies of ``length - fixed``)."""
         if self.spare is None:
-            self.spare = torch.empty_like(self.keys[0])
+            self.spare = self._new(self.keys[0])
         moving = length - fixed
         if 2 * moving < length:
             part = self.spare[:moving]
@@ -63,7 +76,7 @@ class TimeMajorCache:
     def gather_rows(self, index: torch.Tensor, length: int) -> None:
         """New buffers holding the rows ``index``, another number of rows (expansion to beams, examples leaving)."""
         def gathered(buffer: torch.Tensor) -> torch.Tensor:
-            out = buffer.new_empty((buffer.shape[0], index.shape[0], *buffer.shape[2:]))
+            out = self._new(buffer, (buffer.shape[0], index.shape[0], *buffer.shape[2:]))
             out[:length] = buffer[:length].index_select(1, index)
             return out
 
@@ -74,7 +87,7 @@ class TimeMajorCache:
     def grow(self, length: int) -> None:
         """Double the capacity (a stopping rule of the caller's went past it), keeping ``length`` positions."""
         def grown(buffer: torch.Tensor) -> torch.Tensor:
-            new = buffer.new_empty((2 * buffer.shape[0], *buffer.shape[1:]))
+            new = self._new(buffer, (2 * buffer.shape[0], *buffer.shape[1:]))
             new[:length] = buffer[:length]
             return new
 

@@ -48,7 +48,7 @@ class LeanDecoderState:
     padding; additive in the model's dtype for ``eager``), as the model's own forward makes it.
 
     Before the first step the engine's reorders only compose the expansion index ``[N]`` (the example of each
-    row); the prefill runs the prompt for the B examples and then applies it. Subclasses compute ``forward``.
+    row); the prefill runs the prompt for the B examples and then applies it. Subclasses compute ``decode``.
     """
 
     eager_mask_always = False  # eager attention gets a mask even without an attention_mask (Llama: zeros)
@@ -151,6 +151,15 @@ class LeanDecoderState:
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """One position for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32); the cache grows by one."""
+        if self.length == self.cache.capacity:
+            self._grow()
+        logits = self.decode(tokens, self.length)
+        self.length += 1
+        self.positions = self.positions + 1
+        return logits
+
+    def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """The model at ``position`` (what ``compile_step`` compiles); subclasses compute it."""
         raise NotImplementedError
 
 
