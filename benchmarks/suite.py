@@ -7,8 +7,10 @@ One process, the same models and inputs for every engine; each engine is warmed 
   ``remove_finished=False`` (finished examples stay in the batch, as in transformers): the lever's effect;
   ours-generic: the same with ``lean_step=False`` (the generic step calling ``model(...)`` instead of the lean
   T5 or GPT-2 step): that lever's effect; ours-shared: ``share_encoder_state=True`` (T5: an example's beams share one
-  copy of the cross-attention keys and values); ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU
-  only; dynamic int8 linear layers).
+  copy of the cross-attention keys and values); ours-compiled: ``compile_step=True`` (the lean step under
+  ``torch.compile``, timed after a compiling warm-up); ours-static: ``compile_step="static"`` (T5: the
+  fixed-shape step, compiled); ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU only; dynamic int8
+  linear layers).
 - CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
   ``TransformersConverter`` (quantization float32 and int8), the same options in its names (beam_size,
   max/min decoding length, patience 1, length_penalty 1, return_end_token).
@@ -51,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suite_engines as engines  # noqa: E402
 import suite_models as models  # noqa: E402
 
-ENGINES = ("hf", "ours", "ours-keep", "ours-generic", "ours-shared", "ours-compiled", "ours-int8", "ct2-fp32",
+ENGINES = ("hf", "ours", "ours-keep", "ours-generic", "ours-shared", "ours-compiled", "ours-static", "ours-int8",
+           "ct2-fp32",
            "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
          "lengths": "8,16,32"}
@@ -89,7 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batches", help="comma-separated batch sizes (default 1,16,64)")
     parser.add_argument("--repeats", type=int, help="timed runs per engine after one warm-up (default 3)")
     parser.add_argument("--engines", help=f"comma-separated subset of {ENGINES} (default: all; --quick: all but"
-                        " ours-compiled, whose compiling warm-ups would dominate a small grid)")
+                        " ours-compiled and ours-static, whose compiling warm-ups would dominate a small grid)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch and CTranslate2 (default 1)")
     parser.add_argument("--lengths", help="output lengths of the time-vs-length sweep (t5-small; '' to skip)")
     parser.add_argument("--markdown-out", type=Path, help="also write the report as Markdown to this file")
@@ -105,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.batches = _ints(args.batches or preset["batches"])
     args.repeats = args.repeats or preset["repeats"]
     args.lengths = _ints(preset["lengths"] if args.lengths is None else args.lengths)
-    default_engines = [e for e in ENGINES if not (args.quick and e == "ours-compiled")]
+    default_engines = [e for e in ENGINES if not (args.quick and e in ("ours-compiled", "ours-static"))]
     args.engines = [e for e in args.engines.split(",") if e] if args.engines else default_engines
     if not set(args.engines) <= set(ENGINES) or "ours" not in args.engines:
         parser.error(f"--engines: a subset of {ENGINES} that includes 'ours'")
@@ -143,6 +146,9 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-compiled" in args.engines and (workload.lean_t5 or workload.lean_gpt2 or workload.lean_llama):
         compiled = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step=True))
         row.timings["ours-compiled"] = timed(compiled)  # its warm-up run compiles
+    if "ours-static" in args.engines and workload.lean_t5:
+        static = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step="static"))
+        row.timings["ours-static"] = timed(static)
     if "ours-int8" in args.engines and args.device == "cpu":
         if workload.int8_model is None:
             workload.int8_model = beamsearch.quantize_int8(workload.model)
@@ -185,10 +191,11 @@ def _mem(timing: engines.Timing | None) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
-        " keep/ours | generic/ours | shared/ours | compiled/ours | CT2/ours | int8/ours | ours-int8 s |"
+        " keep/ours | generic/ours | shared/ours | compiled/ours | static/ours | CT2/ours | int8/ours | ours-int8 s |"
         " CT2 int8/ours-int8 | ours/floor | =HF ours | =HF CT2 | =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
         " peak MiB HF/ours/shared/CT2/int8/floor | ours tok/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|"
         "---|---:|",
     ]
     for r in rows:
@@ -206,7 +213,7 @@ def table(rows: list[Row]) -> list[str]:
             f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
             f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ours-keep'), ours)} |"
             f" {_ratio(r.seconds('ours-generic'), ours)} | {_ratio(r.seconds('ours-shared'), ours)} |"
-            f" {_ratio(r.seconds('ours-compiled'), ours)} |"
+            f" {_ratio(r.seconds('ours-compiled'), ours)} | {_ratio(r.seconds('ours-static'), ours)} |"
             f" {_ratio(r.seconds('ct2-fp32'), ours)} |"
             f" {_ratio(r.seconds('ct2-int8'), ours)} | {_fmt_s(r.seconds('ours-int8'))} |"
             f" {_ratio(r.seconds('ct2-int8'), r.seconds('ours-int8'))} | {_ratio(ours, r.seconds('floor'))} |"
@@ -345,7 +352,7 @@ def main(argv=None) -> None:
                " generic/ours: ours with the generic model step (lean_step=False) over ours;"
                " shared/ours: ours with share_encoder_state=True (one copy of the encoder state per example) over"
                " ours; compiled/ours: ours with compile_step=True (torch.compile, after a compiling warm-up) over"
-               " ours;"
+               " ours; static/ours: ours with compile_step=\"static\" (the fixed-shape T5 step, compiled) over ours;"
                " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
                " time over it;"
                " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"
