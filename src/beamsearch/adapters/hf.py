@@ -225,7 +225,8 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
     """The step function and state: a lean step (T5, GPT-2, Llama) where one applies (``lean_step`` None or True),
     else the generic one that calls ``model(...)``. ``share_encoder_state`` (lean T5 step only): an example's beams
     attend to its cross-attention keys and values in one kernel call (not bitwise). ``compile_step``: the lean
-    step's forward runs under ``torch.compile`` (dynamic shapes)."""
+    step's decoder runs under ``torch.compile`` (``True``: dynamic shapes; ``"static"``: the fixed-shape T5 step,
+    the same shapes at every step)."""
     if lean_step is not None and not isinstance(lean_step, bool):
         raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
     if not isinstance(share_encoder_state, bool):

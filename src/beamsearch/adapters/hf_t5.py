@@ -16,7 +16,12 @@ layer norms, projections and feed-forward blocks directly and does the rest itse
   ``scaled_dot_product_attention`` call with the bias as its mask; ``eager``: matmul, bias, softmax, matmul),
   so the logits are those of ``model(...)``, not merely close to them.
 
-The results equal ``model.generate`` (the parity tests run this path). It is used by
+With ``fixed_shape`` (``compile_step="static"``) every step has the same shapes, for ``torch.compile``: the
+position is a 0-d tensor, self-attention reads all T cache positions (zero-filled until written) under a
+precomputed ``[H, T, T]`` position-bias table with the future masked (T*T*H values: sized by ``max_length``).
+Tokens equal transformers'; scores to float rounding (the kernel sums the masked zeros in another order).
+
+The default step's results equal ``model.generate`` (the parity tests run this path). It is used by
 :func:`beamsearch.generate` for eligible models (``lean_step=None``, the default); ``False`` forces the generic
 step. Eligible: T5-layout encoder-decoder models (``t5``, ``mt5``) in eval mode with ``eager`` or ``sdpa``
 attention, decoding with the cache, without a decoder attention mask and without attention outputs (coverage
