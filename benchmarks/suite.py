@@ -8,8 +8,8 @@ One process, the same models and inputs for every engine; each engine is warmed 
   ours-generic: the same with ``lean_step=False`` (the generic step calling ``model(...)`` instead of the lean
   T5 or GPT-2 step): that lever's effect; ours-shared: ``share_encoder_state=True`` (T5: an example's beams share one
   copy of the cross-attention keys and values); ours-compiled: ``compile_step=True`` (the lean step under
-  ``torch.compile``, timed after a compiling warm-up); ours-static: ``compile_step="static"`` (T5: the
-  fixed-shape step, compiled); ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU only; dynamic int8
+  ``torch.compile``, timed after a compiling warm-up); ours-static: ``compile_step="static"`` (the
+  fixed-shape lean step, compiled); ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU only; dynamic int8
   linear layers).
 - CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
   ``TransformersConverter`` (quantization float32 and int8), the same options in its names (beam_size,
@@ -146,7 +146,7 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-compiled" in args.engines and (workload.lean_t5 or workload.lean_gpt2 or workload.lean_llama):
         compiled = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step=True))
         row.timings["ours-compiled"] = timed(compiled)  # its warm-up run compiles
-    if "ours-static" in args.engines and workload.lean_t5:
+    if "ours-static" in args.engines and (workload.lean_t5 or workload.lean_gpt2 or workload.lean_llama):
         static = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step="static"))
         row.timings["ours-static"] = timed(static)
     if "ours-int8" in args.engines and args.device == "cpu":
@@ -296,6 +296,9 @@ def main(argv=None) -> None:
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
+    # The compiled engines compile one decode function (per lean step class) for every workload, row count and
+    # cache size of this process; past torch.compile's default limit of 8 graphs it would run them uncompiled.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch.manual_seed(0)
     started = time.perf_counter()
     rows: list[Row] = []
@@ -352,7 +355,7 @@ def main(argv=None) -> None:
                " generic/ours: ours with the generic model step (lean_step=False) over ours;"
                " shared/ours: ours with share_encoder_state=True (one copy of the encoder state per example) over"
                " ours; compiled/ours: ours with compile_step=True (torch.compile, after a compiling warm-up) over"
-               " ours; static/ours: ours with compile_step=\"static\" (the fixed-shape T5 step, compiled) over ours;"
+               " ours; static/ours: ours with compile_step=\"static\" (the fixed-shape lean step, compiled) over ours;"
                " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
                " time over it;"
                " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"

@@ -1,5 +1,5 @@
 """``compile_step``: the lean steps' decoder under ``torch.compile`` (``True``: dynamic shapes; ``'static'``: the
-fixed-shape T5 step), and its refusals."""
+fixed-shape step), and its refusals."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def _inputs(model, batch: int, seed: int):
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@pytest.mark.parametrize(("name", "mode"), [("t5", True), ("gpt2", True), ("llama", True), ("t5", "static")])
+@pytest.mark.parametrize(("name", "mode"), [("t5", True), ("gpt2", True), ("llama", True), ("t5", "static"),
+                                           ("gpt2", "static"), ("llama", "static")])
 def test_compiled_lean_step_decodes_like_the_lean_step(name: str, mode, compiled) -> None:
     """Same sequences as the uncompiled lean step (and so as transformers on these models); scores to float
     precision (the compiled kernels fuse and reorder the arithmetic, so bitwise equality is not promised)."""
@@ -57,24 +58,27 @@ def test_compiled_lean_step_decodes_like_the_lean_step(name: str, mode, compiled
     assert all(getattr(function, "__name__", "") == "decode" for function, _ in compiled)
 
 
-def test_static_step_compiles_once_per_row_count(monkeypatch) -> None:
+@pytest.mark.parametrize(("name", "graphs"), [("t5", 2), ("gpt2", 1)])
+def test_static_step_compiles_once_per_row_count(name: str, graphs: int, monkeypatch) -> None:
     """``compile_step='static'`` compiled with ``dynamic=False`` (every new input shape a new graph): a 9-step
-    decode makes two graphs, the prompt's (one row per example) and the rows' (B*K), as no step changes a shape;
-    the dynamic-shape step compiled so makes one graph per step (its attention reads the filled positions)."""
+    decode makes one graph per row count, as no step changes a shape: T5's decoder runs the start token once per
+    example (B rows), then the B*K rows; GPT-2's prompt runs in the model's own forward. The dynamic-shape step
+    compiled so makes one graph per step (its attention reads the filled positions)."""
     from torch._dynamo.utils import counters
 
     original = torch.compile
     monkeypatch.setattr(hf_adapter.torch, "compile", lambda function, **kwargs: original(function, dynamic=False))
-    model = tiny_model("t5")
+    model = tiny_model(name)
     kwargs = dict(_inputs(model, 3, seed=2), num_beams=3, max_new_tokens=9, min_new_tokens=9)
-    graphs = {}
-    for mode in ("static", True):
+    made = {}
+    for mode in ("static", True) if name == "t5" else ("static",):
         torch._dynamo.reset()
         counters.clear()
         beamsearch.generate(model, **kwargs, compile_step=mode)
-        graphs[mode] = counters["stats"]["unique_graphs"]
-    assert graphs["static"] == 2
-    assert graphs[True] >= 8  # (then torch.compile's recompile limit sends the last steps to eager)
+        made[mode] = counters["stats"]["unique_graphs"]
+    assert made["static"] == graphs
+    if name == "t5":
+        assert made[True] >= 8  # (then torch.compile's recompile limit sends the last steps to eager)
 
 
 def test_compile_step_refusals() -> None:
@@ -87,7 +91,8 @@ def test_compile_step_refusals() -> None:
         beamsearch.generate(t5, **dict(_inputs(t5, 2, seed=0), num_beams=2, max_new_tokens=3), compile_step=True,
                             lean_step=False)
     gpt2 = tiny_model("gpt2")
-    with pytest.raises(ValueError, match="compile_step='static' needs.*built for T5 only, not gpt2"):
-        beamsearch.generate(gpt2, **dict(_inputs(gpt2, 2, seed=0), max_new_tokens=3), compile_step="static")
+    with pytest.raises(ValueError, match="compile_step='static' needs a lean step.*lean_step=False"):
+        beamsearch.generate(gpt2, **dict(_inputs(gpt2, 2, seed=0), max_new_tokens=3), compile_step="static",
+                            lean_step=False)
     with pytest.raises(ValueError, match="compile_step must be True, False or .static."):
         beamsearch.generate(t5, **dict(_inputs(t5, 2, seed=0), max_new_tokens=3), compile_step="yes")

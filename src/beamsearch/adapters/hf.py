@@ -225,8 +225,8 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
     """The step function and state: a lean step (T5, GPT-2, Llama) where one applies (``lean_step`` None or True),
     else the generic one that calls ``model(...)``. ``share_encoder_state`` (lean T5 step only): an example's beams
     attend to its cross-attention keys and values in one kernel call (not bitwise). ``compile_step``: the lean
-    step's decoder runs under ``torch.compile`` (``True``: dynamic shapes; ``"static"``: the fixed-shape T5 step,
-    the same shapes at every step)."""
+    step's decoder runs under ``torch.compile`` (``True``: dynamic shapes; ``"static"``: the fixed-shape step, the
+    same shapes at every step)."""
     if lean_step is not None and not isinstance(lean_step, bool):
         raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
     if not isinstance(share_encoder_state, bool):
@@ -246,8 +246,8 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
     if share_encoder_state:
         raise ValueError(f"share_encoder_state=True needs the lean T5 step, which cannot run this call: {reason}")
     if compile_step:
-        raise ValueError(f"compile_step={compile_step!r} needs a lean step (T5, GPT-2, Llama; 'static': T5), which "
-                         f"cannot run this call: {reason}")
+        raise ValueError(f"compile_step={compile_step!r} needs a lean step (T5, GPT-2, Llama), which cannot run this "
+                         f"call: {reason}")
     if lean_step:
         raise ValueError(f"lean_step=True cannot run this call: {reason}")
     state = HFState(model, model_kwargs, config)
@@ -258,18 +258,18 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
 
 def _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state, fixed_shape=False):
     """The lean step and its state for this model and call: ``(step, state, None)``, or ``(None, None, why not)``.
-    ``fixed_shape``: the state's ``decode`` takes the position as a tensor (the T5 step only, so far)."""
+    ``fixed_shape``: the state's ``decode`` takes the position as a tensor (``compile_step="static"``)."""
     model_type = getattr(model.config, "model_type", None)
-    if fixed_shape and model_type in ("gpt2", "llama"):
-        reason = f"the fixed-shape step is built for T5 only, not {model_type}"
-    elif model_type == "gpt2" and not share_encoder_state:
+    if model_type == "gpt2" and not share_encoder_state:
         reason = lean_gpt2_reason(model, model_kwargs, needs_attention)
         if reason is None:
-            return lean_gpt2_step, LeanGPT2State(model, model_kwargs, config, options.max_length), None
+            state = LeanGPT2State(model, model_kwargs, config, options.max_length, fixed_shape=fixed_shape)
+            return lean_gpt2_step, state, None
     elif model_type == "llama" and not share_encoder_state:
         reason = lean_llama_reason(model, model_kwargs, needs_attention)
         if reason is None:
-            return lean_llama_step, LeanLlamaState(model, model_kwargs, config, options.max_length), None
+            state = LeanLlamaState(model, model_kwargs, config, options.max_length, fixed_shape=fixed_shape)
+            return lean_llama_step, state, None
     else:
         reason = lean_t5_reason(model, model_kwargs, needs_attention)
         if reason is None:

@@ -60,26 +60,28 @@ def lean_gpt2_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: 
 class LeanGPT2State(LeanDecoderState):
     """Decoder state of a GPT-2 model between steps (see :class:`LeanDecoderState`); the cache holds the H heads."""
 
-    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, max_length: int):
+    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, max_length: int,
+                 fixed_shape: bool = False):
         self.blocks = list(model.transformer.h)
         attention = self.blocks[0].attn
         self.heads, self.width, self.scaling = attention.num_heads, attention.split_size, attention.scaling
         super().__init__(model, model_kwargs, generation_config, max_length, cache_heads=self.heads,
-                         head_size=attention.head_dim, dtype=model.transformer.wte.weight.dtype)
+                         head_size=attention.head_dim,
+                         dtype=model.transformer.wte.weight.dtype, fixed_shape=fixed_shape)
 
-    def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
         """The decoder at ``position`` for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32)."""
         rows = tokens.shape[0]
         transformer = self.model.transformer
         hidden = transformer.wte(tokens[:, None]) + transformer.wpe(self.positions[:, None])  # [N, 1, D]
-        mask = None if self.mask is None else self.mask[:, None, None, : position + 1]  # [N, 1, 1, t]
+        mask = self.step_mask(position)  # [N, 1, 1, t] (fixed shape: T)
         for layer, block in enumerate(self.blocks):
             hidden = self._attention(block.attn, block.ln_1(hidden), layer, position, mask) + hidden
             hidden = hidden + block.mlp(block.ln_2(hidden))
         hidden = transformer.ln_f(hidden)
         return self.model.lm_head(hidden).view(rows, -1).float()
 
-    def _attention(self, attention: Any, normed: torch.Tensor, layer: int, position: int,
+    def _attention(self, attention: Any, normed: torch.Tensor, layer: int, position: int | torch.Tensor,
                    mask: torch.Tensor | None) -> torch.Tensor:
         """Self-attention of the new position over the cache: ``[N, 1, D]`` -> ``[N, 1, D]`` (before the residual)."""
         rows, heads, size = normed.shape[0], self.heads, self.head_size

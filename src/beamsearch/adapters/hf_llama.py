@@ -90,7 +90,8 @@ class LeanLlamaState(LeanDecoderState):
 
     eager_mask_always = True
 
-    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, max_length: int):
+    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, max_length: int,
+                 fixed_shape: bool = False):
         config = model.config
         self.layers = list(model.model.layers[: config.num_hidden_layers])
         attention = self.layers[0].self_attn
@@ -99,20 +100,21 @@ class LeanLlamaState(LeanDecoderState):
         self.groups = attention.num_key_value_groups  # H / G query heads per key/value head
         self.apply_rotary = sys.modules[type(attention).__module__].apply_rotary_pos_emb  # the one the model calls
         super().__init__(model, model_kwargs, generation_config, max_length, cache_heads=self.kv_heads,
-                         head_size=attention.head_dim, dtype=model.model.embed_tokens.weight.dtype)
+                         head_size=attention.head_dim,
+                         dtype=model.model.embed_tokens.weight.dtype, fixed_shape=fixed_shape)
         self.use_gqa_in_sdpa = None  # transformers' choice between enable_gqa and packing the query
         if self.sdpa and self.groups > 1:
             from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
 
             self.use_gqa_in_sdpa = use_gqa_in_sdpa
 
-    def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
         """The decoder at ``position`` for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32)."""
         rows = tokens.shape[0]
         decoder = self.model.model
         hidden = decoder.embed_tokens(tokens[:, None])  # [N, 1, D]
         rotary = decoder.rotary_emb(hidden, self.positions[:, None])  # cos, sin [N, 1, d]
-        mask = None if self.mask is None else self.mask[:, None, None, : position + 1]  # [N, 1, 1, t]
+        mask = self.step_mask(position)  # [N, 1, 1, t] (fixed shape: T)
         for index, layer in enumerate(self.layers):
             hidden = hidden + self._attention(layer.self_attn, layer.input_layernorm(hidden), index, position,
                                               rotary, mask)
@@ -120,7 +122,7 @@ class LeanLlamaState(LeanDecoderState):
         hidden = decoder.norm(hidden)
         return self.model.lm_head(hidden).view(rows, -1).float()
 
-    def _attention(self, attention: Any, normed: torch.Tensor, layer: int, position: int,
+    def _attention(self, attention: Any, normed: torch.Tensor, layer: int, position: int | torch.Tensor,
                    rotary: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         """Self-attention of the new position over the cache: ``[N, 1, D]`` -> ``[N, 1, D]`` (before the residual)."""
         rows, size = normed.shape[0], self.head_size

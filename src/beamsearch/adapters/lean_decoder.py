@@ -54,13 +54,14 @@ class LeanDecoderState:
     eager_mask_always = False  # eager attention gets a mask even without an attention_mask (Llama: zeros)
 
     def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, max_length: int, *,
-                 cache_heads: int, head_size: int, dtype: torch.dtype):
+                 cache_heads: int, head_size: int, dtype: torch.dtype, fixed_shape: bool = False):
         self.model = model
         self.model_kwargs = model_kwargs  # for the prefill only (model._prefill, as the generic step)
         self.generation_config = generation_config
         self.cache_heads, self.head_size, self.dtype = cache_heads, head_size, dtype
         self.sdpa = model.config._attn_implementation == "sdpa"
         self.max_length = max_length
+        self.fixed_shape = fixed_shape  # decode at a tensor position over all T positions (compile_step="static")
         self.cache: TimeMajorCache | None = None  # made by the prefill
         self.positions: torch.Tensor | None = None  # [N] position id of the next token of each row
         self.mask: torch.Tensor | None = None  # [N, T] over the cache
@@ -128,12 +129,12 @@ class LeanDecoderState:
         shape = (max(self.max_length, self.prompt_length + 1), rows, self.cache_heads, self.head_size)
 
         def buffer(prompt: torch.Tensor) -> torch.Tensor:  # [B, G, P, d] -> [T, N, G, d], the prompt filled in
-            out = torch.empty(shape, dtype=prompt.dtype, device=prompt.device)
+            out = (torch.zeros if self.fixed_shape else torch.empty)(shape, dtype=prompt.dtype, device=prompt.device)
             out[: self.prompt_length] = prompt.index_select(0, expansion).permute(2, 0, 1, 3)
             return out
 
         self.cache = TimeMajorCache([buffer(layer.keys) for layer in cache.layers],
-                                    [buffer(layer.values) for layer in cache.layers])
+                                    [buffer(layer.values) for layer in cache.layers], zeroed=self.fixed_shape)
         self.positions = kwargs["position_ids"].expand(examples, -1)[:, -1].index_select(0, expansion) + 1
         prompt_mask = kwargs.get("attention_mask")
         padded = prompt_mask is not None and not bool(prompt_mask.all())
@@ -153,14 +154,29 @@ class LeanDecoderState:
         """One position for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32); the cache grows by one."""
         if self.length == self.cache.capacity:
             self._grow()
-        logits = self.decode(tokens, self.length)
+        position = torch.tensor(self.length, device=tokens.device) if self.fixed_shape else self.length
+        logits = self.decode(tokens, position)
         self.length += 1
         self.positions = self.positions + 1
         return logits
 
-    def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
         """The model at ``position`` (what ``compile_step`` compiles); subclasses compute it."""
         raise NotImplementedError
+
+    def step_mask(self, position: int | torch.Tensor) -> torch.Tensor | None:
+        """The attention mask of a step over the cache, as transformers makes it: ``[N, 1, 1, t]`` (None under
+        sdpa when no row holds padding). Fixed shape (``position`` a 0-d tensor): ``[N or 1, 1, 1, T]`` over all
+        T positions, those after ``position`` blocked too."""
+        if not isinstance(position, torch.Tensor):
+            return None if self.mask is None else self.mask[:, None, None, : position + 1]
+        capacity = self.cache.capacity
+        future = torch.arange(capacity, device=position.device) > position  # [T]
+        if self.sdpa:
+            allowed = ~future if self.mask is None else self.mask & ~future
+            return allowed.view(-1, 1, 1, capacity)
+        mask = self.mask if self.mask is not None else torch.zeros(capacity, dtype=self.dtype, device=future.device)
+        return mask.masked_fill(future, torch.finfo(self.dtype).min).view(-1, 1, 1, capacity)
 
 
 def lean_decoder_step(tokens: torch.Tensor, state: LeanDecoderState) -> tuple[torch.Tensor, LeanDecoderState]:
