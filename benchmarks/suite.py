@@ -239,6 +239,9 @@ def plot(rows: list[Row], sweep: list[tuple[int, Row]], sweep_label: str, path: 
         import matplotlib.pyplot as plt
     except ImportError:
         return "plot skipped: matplotlib is not installed (.venv/bin/pip install matplotlib)"
+    palette = plt.get_cmap("tab20").colors  # 20 colours: one per engine (the default cycle repeats after 10)
+    styles = {engine: {"color": palette[(2 * i) % 20 + (2 * i) // 20]} for i, engine in enumerate(ENGINES)}
+    styles["floor"] = {"color": "black", "linestyle": "--"}
     names = list(dict.fromkeys(r.model for r in rows))
     panels = len(names) + (1 if sweep else 0)
     figure, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.8), squeeze=False)
@@ -249,7 +252,7 @@ def plot(rows: list[Row], sweep: list[tuple[int, Row]], sweep_label: str, path: 
         for engine in ENGINES:
             points = [(r.beams, r.tokens[engine] / r.seconds(engine)) for r in mine if r.seconds(engine)]
             if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=engine)
+                axis.plot(*zip(*points, strict=True), marker="o", label=engine, **styles[engine])
         axis.set_title(f"{name}, batch {batch}", fontsize=9)
         axis.set_xlabel("beam size")
         axis.set_ylabel("output tokens / s")
@@ -261,7 +264,7 @@ def plot(rows: list[Row], sweep: list[tuple[int, Row]], sweep_label: str, path: 
         for engine in ENGINES:
             points = [(length, r.seconds(engine)) for length, r in sweep if r.seconds(engine)]
             if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=engine)
+                axis.plot(*zip(*points, strict=True), marker="o", label=engine, **styles[engine])
         axis.set_title(sweep_label, fontsize=9)
         axis.set_xlabel("output length (new tokens)")
         axis.set_ylabel("seconds")
