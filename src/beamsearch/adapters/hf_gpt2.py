@@ -66,8 +66,8 @@ class LeanGPT2State(LeanDecoderState):
         attention = self.blocks[0].attn
         self.heads, self.width, self.scaling = attention.num_heads, attention.split_size, attention.scaling
         super().__init__(model, model_kwargs, generation_config, max_length, cache_heads=self.heads,
-                         head_size=attention.head_dim,
-                         dtype=model.transformer.wte.weight.dtype, fixed_shape=fixed_shape)
+                         head_size=attention.head_dim, dtype=model.transformer.wte.weight.dtype,
+                         fixed_shape=fixed_shape)
 
     def decode(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
         """The decoder at ``position`` for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32)."""

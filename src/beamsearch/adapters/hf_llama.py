@@ -100,8 +100,8 @@ class LeanLlamaState(LeanDecoderState):
         self.groups = attention.num_key_value_groups  # H / G query heads per key/value head
         self.apply_rotary = sys.modules[type(attention).__module__].apply_rotary_pos_emb  # the one the model calls
         super().__init__(model, model_kwargs, generation_config, max_length, cache_heads=self.kv_heads,
-                         head_size=attention.head_dim,
-                         dtype=model.model.embed_tokens.weight.dtype, fixed_shape=fixed_shape)
+                         head_size=attention.head_dim, dtype=model.model.embed_tokens.weight.dtype,
+                         fixed_shape=fixed_shape)
         self.use_gqa_in_sdpa = None  # transformers' choice between enable_gqa and packing the query
         if self.sdpa and self.groups > 1:
             from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
