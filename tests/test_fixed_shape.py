@@ -143,3 +143,15 @@ def test_decoder_only_with_finished_examples(attended) -> None:
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
     assert {shape[0] for shape in attended} == {24, 21, 12, 9, 6}
+
+
+@pytest.mark.parametrize("option", [{"share_encoder_state": True}, {"remove_finished": False}, {"max_rows": 8}])
+def test_t5_with_the_other_speed_options(option: dict, attended) -> None:
+    """The fixed-shape step combines with one cross-attention call per example, finished examples kept, and
+    sub-batches of at most 8 rows: tokens equal transformers'."""
+    model = t5(seed=2)
+    ids, mask = t5_inputs(5, seed=2)
+    kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=4, max_new_tokens=10, do_sample=False)
+    expected = model.generate(**kwargs)
+    assert torch.equal(beamsearch.generate(model, compile_step="static", **kwargs, **option), expected)
+    assert len({shape[2] for shape in attended}) == 1
