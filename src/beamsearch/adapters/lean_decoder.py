@@ -128,13 +128,12 @@ class LeanDecoderState:
         self.prompt_length = tokens.shape[1]
         shape = (max(self.max_length, self.prompt_length + 1), rows, self.cache_heads, self.head_size)
 
-        def buffer(prompt: torch.Tensor) -> torch.Tensor:  # [B, G, P, d] -> [T, N, G, d], the prompt filled in
-            out = (torch.zeros if self.fixed_shape else torch.empty)(shape, dtype=prompt.dtype, device=prompt.device)
-            out[: self.prompt_length] = prompt.index_select(0, expansion).permute(2, 0, 1, 3)
-            return out
-
-        self.cache = TimeMajorCache([buffer(layer.keys) for layer in cache.layers],
-                                    [buffer(layer.values) for layer in cache.layers], zeroed=self.fixed_shape)
+        first_keys = cache.layers[0].keys
+        self.cache = TimeMajorCache.empty(len(cache.layers), shape, first_keys.dtype, first_keys.device,
+                                          zeroed=self.fixed_shape)
+        for layer, past in enumerate(cache.layers):  # the prompt's [B, G, P, d] into [T, N, G, d]
+            for buffer, prompt in ((self.cache.keys[layer], past.keys), (self.cache.values[layer], past.values)):
+                buffer[: self.prompt_length] = prompt.index_select(0, expansion).permute(2, 0, 1, 3)
         self.positions = kwargs["position_ids"].expand(examples, -1)[:, -1].index_select(0, expansion) + 1
         prompt_mask = kwargs.get("attention_mask")
         padded = prompt_mask is not None and not bool(prompt_mask.all())
