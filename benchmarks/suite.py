@@ -143,10 +143,10 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-shared" in args.engines and workload.lean_t5:
         shared = engines.beamsearch_engine(workload, inputs, dict(kwargs, share_encoder_state=True))
         row.timings["ours-shared"] = timed(shared)
-    if "ours-compiled" in args.engines and (workload.lean_t5 or workload.lean_gpt2 or workload.lean_llama):
+    if "ours-compiled" in args.engines and workload.lean:
         compiled = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step=True))
         row.timings["ours-compiled"] = timed(compiled)  # its warm-up run compiles
-    if "ours-static" in args.engines and (workload.lean_t5 or workload.lean_gpt2 or workload.lean_llama):
+    if "ours-static" in args.engines and workload.lean:
         static = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step="static"))
         row.timings["ours-static"] = timed(static)
     if "ours-int8" in args.engines and args.device == "cpu":

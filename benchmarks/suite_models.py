@@ -76,6 +76,11 @@ class Workload:
 
         return lean_llama_reason(self.model, {}, needs_attention=False) is None
 
+    @property
+    def lean(self) -> bool:
+        """Whether beamsearch runs this model with one of its lean steps (what compile_step compiles)."""
+        return self.lean_t5 or self.lean_gpt2 or self.lean_llama
+
     def batch(self, size: int, device: str) -> dict[str, torch.Tensor]:
         """The first ``size`` inputs, padded (right for encoders, left for decoder-only prompts)."""
         chosen = [self.sources[i % len(self.sources)] for i in range(size)]
