@@ -41,6 +41,7 @@ def search(
     unique: Any = None,
     output_alignments: bool = False,
     force_words_ids: Any = None,
+    encoder_input_ids: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> SearchResult:
     """Decode with any model through one step function.
@@ -76,6 +77,9 @@ def search(
         force_words_ids: beam search only: words or phrases that must appear in the output, each a list of
             token ids, or a list of alternative phrases (disjunctive), as transformers 4.x; decoded with dynamic
             beam allocation (``strategies/constrained.py``).
+        encoder_input_ids: LongTensor ``[B, S]``, each example's source ids (padding included), for
+            ``encoder_repetition_penalty`` and ``encoder_no_repeat_ngram_size``; the Hugging Face adapter passes the
+            encoder's input (for decoder-only models, the prompt), as ``generate`` does.
         output_alignments: keep, for each generated token, the attention over the source of the step that chose
             it (``result.alignments [B, n, T', S]``); the step must return ``(logits, state, attention [N, S])``.
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
@@ -108,10 +112,16 @@ def search(
             raise ValueError("target_prefix with semantics='ct2' and num_beams > 1 is not supported: CTranslate2's "
                              "beam search after a prefix is not reproduced yet (greedy is)")
         row_prefixes = [list(p) for p in target_prefix for _ in range(rows)]
+    row_sources = None
+    if encoder_input_ids is not None:
+        if not isinstance(encoder_input_ids, torch.Tensor) or encoder_input_ids.dim() != 2 \
+                or encoder_input_ids.shape[0] != batch_size:
+            raise ValueError(f"encoder_input_ids must be a LongTensor of shape [B={batch_size}, S]")
+        row_sources = encoder_input_ids.repeat_interleave(rows, dim=0)
     processors = build_processors(
         options, prompt_length, padding_lengths, list(logits_processor), source_lengths=row_source_lengths,
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, target_prefix=row_prefixes,
-        prefix_bias_beta=_check_bias(prefix_bias_beta, target_prefix),
+        prefix_bias_beta=_check_bias(prefix_bias_beta, target_prefix), encoder_input_ids=row_sources,
     )
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
     trace = StepTrace(options.output_scores, options.output_logits)

@@ -20,8 +20,6 @@ UNSUPPORTED_OPTIONS: dict[str, tuple] = {
     "dola_layers": (),
     "guidance_scale": (1.0,),
     "sequence_bias": (),
-    "encoder_repetition_penalty": (1.0,),
-    "encoder_no_repeat_ngram_size": (0,),
     "exponential_decay_length_penalty": (),
     "prefix_allowed_tokens_fn": (),
     "watermarking_config": (),
@@ -123,6 +121,8 @@ class SearchOptions:
     # processors
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    encoder_repetition_penalty: float = 1.0  # needs the source ids (search(..., encoder_input_ids=))
+    encoder_no_repeat_ngram_size: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] | None = None
     suppress_tokens: tuple[int, ...] | None = None
     begin_suppress_tokens: tuple[int, ...] | None = None
@@ -234,6 +234,9 @@ class SearchOptions:
         if self.repetition_penalty is None or not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
+        if self.encoder_repetition_penalty is None or not self.encoder_repetition_penalty > 0:
+            raise ValueError(f"encoder_repetition_penalty must be > 0, got {self.encoder_repetition_penalty}")
+        _check_int("encoder_no_repeat_ngram_size", self.encoder_no_repeat_ngram_size, minimum=0)
         self._validate_warpers()
         self._validate_toolkit_options()
         self._validate_groups()

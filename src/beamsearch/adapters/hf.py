@@ -50,20 +50,21 @@ class HFState:
     batch): then everything row-indexed is gathered.
     """
 
-    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any):
+    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, exact: bool = False):
         self.model = model
         self.model_kwargs = model_kwargs
         self.generation_config = generation_config
+        self.exact = exact  # exact_parity: every row computed as transformers computes it (see generate)
         self.prefilled = False
         self.expansion: torch.Tensor | None = None  # [N] example of each row, until the prefill applies it
         self.rows: int | None = None  # rows in the cache and tensors, once prefilled
         self.return_attention = False  # coverage penalties: also return the last layer's cross-attention
 
     def reorder(self, index: torch.Tensor) -> HFState:
-        if not self.prefilled:
+        if not self.prefilled and not self.exact:
             self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
             return self
-        within_examples = index.shape[0] == self.rows
+        within_examples = index.shape[0] == self.rows and not self.exact
         self.rows = index.shape[0]
         self._gather(index, within_examples=within_examples)
         return self
@@ -79,7 +80,7 @@ class HFState:
                     else:
                         value.reorder_cache(index)
             elif key == "encoder_outputs":
-                if within_examples:
+                if within_examples or (self.exact and self.prefilled):  # the cross-attention cache holds them
                     continue
                 for name, tensor in list(value.items()):
                     if isinstance(tensor, torch.Tensor):
@@ -169,6 +170,9 @@ def search_model(
 
 def _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs):
     max_rows = kwargs.pop("max_rows", None)
+    if max_rows is not None and kwargs.get("exact_parity"):
+        raise ValueError("exact_parity=True cannot be combined with max_rows: sub-batches run on other row counts "
+                         "than transformers")
     if max_rows is not None:
         return _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs,
                                    max_rows)
@@ -178,6 +182,12 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     if kwargs.pop("trust_remote_code", None):
         raise ValueError("beamsearch never enables trust_remote_code")
     search_arguments, lean, toolkit = _pop_search_arguments(kwargs)
+    exact = lean["exact_parity"]
+    if exact:
+        if toolkit.get("remove_finished"):
+            raise ValueError("exact_parity=True keeps every row to the end: it cannot be combined with "
+                             "remove_finished=True")
+        toolkit["remove_finished"] = False
     setup = _prepare(model, inputs, generation_config, kwargs)
     config = setup["generation_config"]
     options = _options_from_config(config, toolkit, setup["has_default_max_length"])
@@ -191,6 +201,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         stopping_criteria=list(stopping_criteria or ()),
         padding_lengths=setup["padding_lengths"],
         source_lengths=setup["source_lengths"],
+        encoder_input_ids=setup["encoder_input_ids"],
         options=options,
         fill_token_id=_fill_token(config, options),
         **search_arguments,
@@ -202,8 +213,11 @@ def _pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     """Take the arguments that are ours, not transformers', out of ``kwargs``.
 
     Returns the keyword arguments for :func:`beamsearch.search`, those for the model step (``lean_step``,
-    ``share_encoder_state``, ``compile_step``) and the other toolkits' options.
+    ``share_encoder_state``, ``compile_step``, ``exact_parity``) and the other toolkits' options.
     """
+    exact = kwargs.pop("exact_parity", False)
+    if not isinstance(exact, bool):
+        raise ValueError(f"exact_parity must be True or False, got {exact!r}")
     search_arguments = {
         "tokenizer": kwargs.pop("tokenizer", None),
         "prefix_allowed_tokens_fn": kwargs.pop("prefix_allowed_tokens_fn", None),
@@ -215,18 +229,19 @@ def _pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     }
     lean = {"lean_step": kwargs.pop("lean_step", None),
             "share_encoder_state": kwargs.pop("share_encoder_state", False),
-            "compile_step": kwargs.pop("compile_step", False)}
+            "compile_step": kwargs.pop("compile_step", False), "exact_parity": exact}
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     return search_arguments, lean, toolkit
 
 
 def _model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False,
-                compile_step=False):
+                compile_step=False, exact_parity=False):
     """The step function and state: a lean step (T5, GPT-2, Llama) where one applies (``lean_step`` None or True),
     else the generic one that calls ``model(...)``. ``share_encoder_state`` (lean T5 step only): an example's beams
     attend to its cross-attention keys and values in one kernel call (not bitwise). ``compile_step``: the lean
     step's decoder runs under ``torch.compile`` (``True``: dynamic shapes; ``"static"``: the fixed-shape step, the
-    same shapes at every step)."""
+    same shapes at every step). ``exact_parity``: the generic step on transformers' rows (prompt and cache on every
+    beam's row, the whole cache reordered), so that each forward has the shapes of ``model.generate``'s."""
     if lean_step is not None and not isinstance(lean_step, bool):
         raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
     if not isinstance(share_encoder_state, bool):
@@ -234,6 +249,13 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
     if not isinstance(compile_step, bool) and compile_step != "static":
         raise ValueError(f"compile_step must be True, False or 'static', got {compile_step!r}")
     fixed_shape = compile_step == "static"
+    if exact_parity:
+        for name, value in (("lean_step", lean_step), ("share_encoder_state", share_encoder_state),
+                            ("compile_step", compile_step)):
+            if value:
+                raise ValueError(f"exact_parity=True runs the generic step as transformers does: it cannot be "
+                                 f"combined with {name}={value!r}")
+        lean_step = False
     if lean_step is False:
         reason = "lean_step=False was given"
     else:
@@ -250,7 +272,7 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
                          f"call: {reason}")
     if lean_step:
         raise ValueError(f"lean_step=True cannot run this call: {reason}")
-    state = HFState(model, model_kwargs, config)
+    state = HFState(model, model_kwargs, config, exact=exact_parity)
     if needs_attention:
         _request_cross_attention(model, state)
     return hf_step, state
@@ -402,6 +424,7 @@ def _prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, 
         "input_ids": input_ids,
         "padding_lengths": padding_lengths,
         "source_lengths": source_lengths,
+        "encoder_input_ids": inputs_tensor if inputs_tensor.dim() == 2 and not (inputs_tensor < 0).any() else None,
         "has_default_max_length": has_default_max_length,
     }
 

@@ -7,6 +7,7 @@ processors are interchangeable. :func:`build_processors` builds the list ``gener
 
 from .allowed import PrefixConstrainedLogitsProcessor
 from .base import LogitsProcessor
+from .encoder import EncoderNoRepeatNGramLogitsProcessor, EncoderRepetitionPenaltyLogitsProcessor
 from .masks import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -31,6 +32,8 @@ from .warpers import (
 )
 
 __all__ = [
+    "EncoderNoRepeatNGramLogitsProcessor",
+    "EncoderRepetitionPenaltyLogitsProcessor",
     "EpsilonLogitsWarper",
     "EtaLogitsWarper",
     "ForcedBOSTokenLogitsProcessor",

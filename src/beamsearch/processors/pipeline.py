@@ -12,6 +12,7 @@ import torch
 from ..merging import merge_user_items
 from ..options import SearchOptions
 from .allowed import AllowedTokensFn, PrefixConstrainedLogitsProcessor
+from .encoder import EncoderNoRepeatNGramLogitsProcessor, EncoderRepetitionPenaltyLogitsProcessor
 from .limits import SourceTiedMaxLength
 from .masks import (
     ForcedBOSTokenLogitsProcessor,
@@ -93,6 +94,7 @@ def build_processors(
     prefix_allowed_tokens_fn: AllowedTokensFn | None = None,
     target_prefix: list[list[int]] | None = None,
     prefix_bias_beta: float = 0.0,
+    encoder_input_ids: torch.Tensor | None = None,
 ) -> ProcessorList:
     """The processors of a search, in the order of Hugging Face ``_get_logits_processor``.
 
@@ -110,6 +112,8 @@ def build_processors(
         prefix_allowed_tokens_fn: ``(batch_id, tokens [t]) -> allowed token ids``, as in ``generate``.
         target_prefix: the forced first generated tokens of each row (after every other built-in processor).
         prefix_bias_beta: > 0: bias toward ``target_prefix`` instead of forcing it (the last processor).
+        encoder_input_ids: LongTensor ``[N, S]``, each row's source ids (``encoder_repetition_penalty``,
+            ``encoder_no_repeat_ngram_size``).
 
     Returns:
         A :class:`ProcessorList`.
@@ -117,12 +121,21 @@ def build_processors(
     eos = options.eos_token_id
     defaults: list[Processor] = []
     skip = 1 if options.semantics == "ct2" else 0  # CTranslate2's history penalties skip the start token
+    encoder_options = {"encoder_repetition_penalty": options.encoder_repetition_penalty != 1.0,
+                       "encoder_no_repeat_ngram_size": options.encoder_no_repeat_ngram_size > 0}
+    for name, used in encoder_options.items():
+        if used and encoder_input_ids is None:
+            raise ValueError(f"{name} needs the source ids: search(..., encoder_input_ids=[B, S] LongTensor)")
+    if encoder_options["encoder_repetition_penalty"]:
+        defaults.append(EncoderRepetitionPenaltyLogitsProcessor(options.encoder_repetition_penalty, encoder_input_ids))
     if options.repetition_penalty != 1.0:
         ignore = padding_lengths + skip if padding_lengths is not None else (skip or None)
         defaults.append(RepetitionPenaltyLogitsProcessor(options.repetition_penalty, ignore))
     if options.no_repeat_ngram_size > 0:
         ngrams = NoRepeatNGramLogitsProcessor(options.no_repeat_ngram_size)
         defaults.append(SkipLeadingTokens(ngrams, skip) if skip else ngrams)
+    if encoder_options["encoder_no_repeat_ngram_size"]:
+        defaults.append(EncoderNoRepeatNGramLogitsProcessor(options.encoder_no_repeat_ngram_size, encoder_input_ids))
     if options.bad_words_ids is not None:
         defaults.append(NoBadWordsLogitsProcessor(options.bad_words_ids, eos))
     if eos is not None and options.min_length > 0:
