@@ -10,6 +10,7 @@ reference itself nearly ties there, scores within the tolerance of ``numerics.py
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 from numerics import assert_scores_close, near_tie, smallest_gap, top2_margin
@@ -112,17 +113,19 @@ def assert_bitwise_output(expected, actual) -> None:
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), field
 
 
-def assert_equivalent_output(expected, actual, name: str, kwargs: dict, seed: int) -> None:
+def assert_equivalent_output(expected, actual, rerun: Callable | None = None, kwargs: dict | None = None) -> None:
     """Our fast default against transformers: other row counts, so float precision, not bits.
 
     Sequences are equal, except in an example where transformers' own decision nearly tied at the step where the
-    outputs part (checked by :func:`reference_margin`); scores and beam indices are compared where the sequences
-    are equal, scores within ``numerics.score_tolerance``.
+    outputs part: ``rerun(processors)`` re-runs transformers with extra logits processors (:func:`reference_margin`
+    records its scores with one) and ``kwargs`` are the generate kwargs; without ``rerun`` tokens must be equal.
+    Scores and beam indices are compared where the sequences are equal, scores within ``numerics.score_tolerance``.
     """
     assert type(actual) is type(expected)
     same = _same_rows(expected.sequences, actual.sequences)
     if not bool(same.all()):
-        margin, magnitude = reference_margin(expected, actual, name, kwargs, seed)
+        assert rerun is not None, ("sequences differ", expected.sequences, actual.sequences)
+        margin, magnitude = reference_margin(expected, actual, rerun, kwargs or {})
         assert near_tie(margin, magnitude), (f"sequences differ where transformers' margin is {margin:.3g} (not a "
                                              f"near tie)", expected.sequences, actual.sequences)
     if getattr(expected, "sequences_scores", None) is not None:
@@ -136,6 +139,17 @@ def assert_equivalent_output(expected, actual, name: str, kwargs: dict, seed: in
             assert len(got) == len(want), field
             for step_got, step_want in zip(got, want, strict=True):
                 assert_scores_close(step_got, step_want)
+
+
+def assert_case_equivalent(expected, actual, name: str, kwargs: dict, seed: int) -> None:
+    """:func:`assert_equivalent_output` for a grid case (re-run from its name, kwargs and seed)."""
+
+    def rerun(processors):
+        model, inputs = case_inputs(name, kwargs, seed)
+        torch.manual_seed(seed)
+        return model.generate(**inputs, logits_processor=processors)
+
+    assert_equivalent_output(expected, actual, rerun, kwargs)
 
 
 def _same_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -157,7 +171,7 @@ class _Recorder:
         return scores
 
 
-def reference_margin(expected, actual, name: str, kwargs: dict, seed: int) -> tuple[float, float]:
+def reference_margin(expected, actual, rerun: Callable, kwargs: dict) -> tuple[float, float]:
     """transformers' smallest margin at the steps up to where our sequences part from its own: ``(margin,
     magnitude of the scores compared)``; ``(inf, 0)`` when the mismatch is not of a kind a near tie explains.
 
@@ -171,10 +185,8 @@ def reference_margin(expected, actual, name: str, kwargs: dict, seed: int) -> tu
 
     if kwargs.get("do_sample"):
         return float("inf"), 0.0
-    model, inputs = case_inputs(name, kwargs, seed)
     recorder = _Recorder()
-    torch.manual_seed(seed)
-    again = model.generate(**inputs, logits_processor=LogitsProcessorList([recorder]))
+    again = rerun(LogitsProcessorList([recorder]))
     assert torch.equal(again.sequences, expected.sequences), "the recording run must reproduce transformers' output"
     start = recorder.steps[0][0].shape[1]
     beams = kwargs.get("num_beams", 1)

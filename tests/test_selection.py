@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_hf_parity import assert_same_output, random_case, run_both
+from parity_grid import assert_case_equivalent, random_case, run_both
 
 from beamsearch import selection
 from beamsearch.selection import top_totals
@@ -110,7 +110,7 @@ def test_parity_grid_with_tiny_chunks(seed, monkeypatch):
     monkeypatch.setattr(selection, "MIN_CHUNKS_PER_CANDIDATE", 1)
     name, kwargs = random_case(seed)
     expected, actual = run_both(name, kwargs, seed)
-    assert_same_output(expected, actual)
+    assert_case_equivalent(expected, actual, name, kwargs, seed)
 
 
 def test_parity_grid_takes_the_chunk_path(fallbacks, monkeypatch):
