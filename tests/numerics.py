@@ -14,26 +14,31 @@ from __future__ import annotations
 
 import torch
 
-# Relative tolerance in units of the dtype's epsilon. Rounding differences of one ulp in a hidden state grow
-# through the layers of a model (seen: per-step log-probs 1e-4 apart on a tiny random T5 between 1 and K rows),
-# so scores get 1024 ulps of their magnitude (float32: 1.2e-4 relative), and never less than that in absolute
-# terms for values below 1.
-ULPS = 1024
+# Relative tolerance per dtype (and absolute below magnitude 1). Rounding differences of one ulp in a hidden state
+# grow through the layers of a model (seen: per-step log-probs 1e-4 apart on a tiny random T5 between 1 and K
+# rows), so float32 scores get 1024 ulps of their magnitude (1.2e-4). Half precision keeps fewer bits: its scores
+# get about 6% (64 ulps of float16, 8 of bfloat16), still far below the gaps a wrong token or a wrong processor
+# makes in these tests' peaked distributions.
+ULPS = {torch.float32: 1024, torch.float64: 1024, torch.float16: 64, torch.bfloat16: 8}
 
 
 def score_tolerance(dtype: torch.dtype = torch.float32) -> float:
     """The relative (and, below magnitude 1, absolute) tolerance for scores computed in ``dtype``."""
-    return ULPS * torch.finfo(dtype).eps
+    return ULPS[dtype] * torch.finfo(dtype).eps
 
 
 def assert_scores_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None,
-                        ulps: int = ULPS) -> None:
-    """``|actual - expected| <= ulps * eps(dtype) * max(1, |expected|)`` elementwise; infinities and masks equal.
+                        tolerance: float | None = None) -> None:
+    """``|actual - expected| <= score_tolerance(dtype) * max(1, |expected|)`` elementwise; infinities equal.
 
-    ``dtype``: the precision the two computations ran in (default: ``expected``'s).
+    ``dtype``: the precision the two computations ran in (default: the coarser of the two tensors' dtypes).
+    ``tolerance``: a relative tolerance of the caller's instead, where it says why.
     """
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    tolerance = ulps * torch.finfo(dtype or expected.dtype).eps
+    if dtype is None:
+        dtype = max((actual.dtype, expected.dtype), key=lambda d: torch.finfo(d).eps)
+    if tolerance is None:
+        tolerance = score_tolerance(dtype)
     actual, expected = actual.double(), expected.double()
     finite = torch.isfinite(expected)
     assert torch.equal(torch.isfinite(actual), finite), "infinities differ"
@@ -42,8 +47,9 @@ def assert_scores_close(actual: torch.Tensor, expected: torch.Tensor, dtype: tor
     error = (actual[finite] - expected[finite]).abs()
     if not bool((error <= bound).all()):
         worst = int((error - bound).argmax())
-        raise AssertionError(f"scores differ beyond {ulps} ulps of their magnitude: {float(actual[finite][worst])} "
-                             f"vs {float(expected[finite][worst])} (tolerance {float(bound[worst]):.3g})")
+        raise AssertionError(f"scores differ beyond the tolerance ({tolerance:.3g} relative, {dtype}): "
+                             f"{float(actual[finite][worst])} vs {float(expected[finite][worst])} "
+                             f"(tolerance {float(bound[worst]):.3g})")
 
 
 def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, why: str) -> None:

@@ -125,9 +125,9 @@ def assert_equivalent_output(expected, actual, rerun: Callable | None = None, kw
     same = _same_rows(expected.sequences, actual.sequences)
     if not bool(same.all()):
         assert rerun is not None, ("sequences differ", expected.sequences, actual.sequences)
-        margin, magnitude = reference_margin(expected, actual, rerun, kwargs or {})
-        assert near_tie(margin, magnitude), (f"sequences differ where transformers' margin is {margin:.3g} (not a "
-                                             f"near tie)", expected.sequences, actual.sequences)
+        margin, magnitude, dtype = reference_margin(expected, actual, rerun, kwargs or {})
+        assert near_tie(margin, magnitude, dtype), (f"sequences differ where transformers' margin is {margin:.3g} "
+                                                    f"(not a near tie)", expected.sequences, actual.sequences)
     if getattr(expected, "sequences_scores", None) is not None:
         assert_scores_close(actual.sequences_scores[same], expected.sequences_scores[same])
     if getattr(expected, "beam_indices", None) is not None and bool(same.all()):
@@ -171,9 +171,10 @@ class _Recorder:
         return scores
 
 
-def reference_margin(expected, actual, rerun: Callable, kwargs: dict) -> tuple[float, float]:
+def reference_margin(expected, actual, rerun: Callable, kwargs: dict) -> tuple[float, float, torch.dtype]:
     """transformers' smallest margin at the steps up to where our sequences part from its own: ``(margin,
-    magnitude of the scores compared)``; ``(inf, 0)`` when the mismatch is not of a kind a near tie explains.
+    magnitude of the scores compared, their dtype)``; margin inf when the mismatch is not of a kind a near tie
+    explains.
 
     Greedy: the top-2 gap of the processed scores of the first differing row at the first differing step.
     Beam search: over the examples whose n-best differ, the smallest gap between neighbouring candidates (running
@@ -184,7 +185,7 @@ def reference_margin(expected, actual, rerun: Callable, kwargs: dict) -> tuple[f
     from transformers import LogitsProcessorList
 
     if kwargs.get("do_sample"):
-        return float("inf"), 0.0
+        return float("inf"), 0.0, torch.float32
     recorder = _Recorder()
     again = rerun(LogitsProcessorList([recorder]))
     assert torch.equal(again.sequences, expected.sequences), "the recording run must reproduce transformers' output"
@@ -196,8 +197,8 @@ def reference_margin(expected, actual, rerun: Callable, kwargs: dict) -> tuple[f
         width = min(expected.sequences.shape[1], actual.sequences.shape[1])
         step = int((expected.sequences[row, :width] != actual.sequences[row, :width]).nonzero()[0]) - start
         scores = recorder.steps[step][1][row : row + 1]
-        return float(top2_margin(scores)[0]), float(scores.max())
-    return _beam_margin(recorder.steps, expected, actual, beams, start, kwargs)
+        return float(top2_margin(scores)[0]), float(scores.max()), scores.dtype
+    return (*_beam_margin(recorder.steps, expected, actual, beams, start, kwargs), recorder.steps[0][1].dtype)
 
 
 def _beam_margin(steps, expected, actual, beams: int, start: int, kwargs: dict) -> tuple[float, float]:

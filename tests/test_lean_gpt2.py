@@ -1,16 +1,18 @@
-"""The lean GPT-2 step (``adapters/hf_gpt2.py``): logits bit for bit those of the model's forward with its cache,
-generate() equal to transformers and to the generic step, finished examples leaving, and clear refusals."""
+"""The lean GPT-2 step (``adapters/hf_gpt2.py``): logits those of the model's forward with its cache, generate()
+equal to transformers and to the generic step, finished examples leaving, and clear refusals. The lean cache has
+other shapes than transformers', so scores are compared within the score tolerance (docs/testing.md)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from numerics import assert_scores_close
 from tiny_hf import (
     assert_alone_equals_in_batch,
-    assert_bitwise_generate,
     assert_finished_examples_leave,
+    assert_generate_equivalent,
+    assert_lean_generate_equivalent,
     compare_lean_steps,
-    generate_both,
     left_padded_inputs,
 )
 
@@ -55,23 +57,18 @@ CASES = [
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_lean_step_equals_transformers(case: int, implementation: str, padded: bool) -> None:
-    """Tokens, sequence scores and per-step scores bit for bit those of ``model.generate``."""
+    """Tokens, sequence scores and per-step scores those of ``model.generate``."""
     model = gpt2(implementation, seed=case)
     ids, mask = inputs(5, seed=case, padded=padded)
     kwargs = dict(CASES[case], max_new_tokens=10, return_dict_in_generate=True, output_scores=True)
     kwargs.setdefault("do_sample", False)
-    expected, got = generate_both(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, **kwargs)
-    assert torch.equal(got.sequences, expected.sequences)
-    if kwargs["num_beams"] > 1:
-        assert torch.equal(got.sequences_scores, expected.sequences_scores)
-    for mine, theirs in zip(got.scores, expected.scores, strict=True):
-        assert torch.equal(mine, theirs)
+    assert_generate_equivalent(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, **kwargs)
 
 
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_step_logits_are_bitwise_those_of_the_model_forward(implementation: str, padded: bool) -> None:
-    """Each step's logits equal the model's forward with its cache (torch.equal), rows reordered within their
+def test_step_logits_are_those_of_the_model_forward(implementation: str, padded: bool) -> None:
+    """Each step's logits equal the model's forward with its cache (within the tolerance), rows reordered within their
     examples between steps; the state starts with room for the prompt and one position and grows past them."""
     from beamsearch.adapters.hf_gpt2 import LeanGPT2State, lean_gpt2_step
 
@@ -80,7 +77,7 @@ def test_step_logits_are_bitwise_those_of_the_model_forward(implementation: str,
                                                  mask, VOCAB, padded, prompt_per_example=False)
     assert state.cache.capacity == 16  # the prompt's 7 positions + 1, doubled once
     assert (state.mask is not None) == padded
-    assert torch.equal(logits, expected)
+    assert_scores_close(logits, expected)
 
 
 def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> None:
@@ -111,8 +108,8 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
     generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
     assert not calls
     assert torch.equal(lean.sequences, generic.sequences)
-    assert torch.equal(lean.sequences_scores, generic.sequences_scores)
-    assert torch.equal(lean.token_log_probs, generic.token_log_probs)
+    assert_scores_close(lean.sequences_scores, generic.sequences_scores)
+    assert_scores_close(lean.token_log_probs, generic.token_log_probs)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -121,8 +118,7 @@ def test_finished_examples_leave_the_lean_state(monkeypatch, implementation: str
     """EOS made likely: examples (the padded ones among them) finish at different steps and leave the batch,
     their cache rows too; the results equal transformers'."""
     ids, mask = inputs(8, seed=6)
-    assert_finished_examples_leave(monkeypatch, gpt2(implementation, seed=6, eos=2.0), ids, mask, early_stopping,
-                                   exact_scores=True)
+    assert_finished_examples_leave(monkeypatch, gpt2(implementation, seed=6, eos=2.0), ids, mask, early_stopping)
 
 
 def test_lean_step_refusals() -> None:
@@ -154,7 +150,8 @@ def test_lean_step_refusals() -> None:
 @pytest.mark.parametrize("beams", [1, 3])
 def test_an_example_decodes_the_same_alone_and_in_a_padded_batch(implementation: str, beams: int) -> None:
     """Batch invariance through the lean step: each example alone (no padding) and in a left-padded batch with
-    others, where examples also finish and leave at different steps: the same tokens, scores to 1e-5."""
+    others, where examples also finish and leave at different steps: the same tokens, scores within the
+    tolerance."""
     ids, mask = inputs(6, seed=4)
     assert_alone_equals_in_batch(gpt2(implementation, seed=4, eos=2.0), ids, mask, num_beams=beams,
                                  max_new_tokens=12, do_sample=False)
@@ -163,6 +160,7 @@ def test_an_example_decodes_the_same_alone_and_in_a_padded_batch(implementation:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_half_precision_equals_transformers(dtype: torch.dtype, implementation: str) -> None:
-    """float16 / bfloat16 weights: tokens and per-step scores bit for bit those of ``model.generate``."""
+    """float16 / bfloat16 weights: tokens and per-step scores those of ``model.generate`` (the half-precision
+    tolerance)."""
     ids, mask = inputs(4, seed=3)
-    assert_bitwise_generate(gpt2(implementation, seed=3).to(dtype), ids, mask)
+    assert_lean_generate_equivalent(gpt2(implementation, seed=3).to(dtype), ids, mask)

@@ -1,15 +1,19 @@
-"""The lean Llama step (``adapters/hf_llama.py``): logits bit for bit those of the model's forward with its cache
+"""The lean Llama step (``adapters/hf_llama.py``): logits those of the model's forward with its cache
 (grouped-query, multi-query and multi-head attention; sdpa and eager; the tested rotary types), generate() equal to
-transformers and to the generic step, finished examples leaving, batch invariance, half precision, refusals."""
+transformers and to the generic step, finished examples leaving, batch invariance, half precision, refusals. The
+lean cache has other shapes than transformers', so scores are compared within the score tolerance
+(docs/testing.md)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from numerics import assert_scores_close
 from tiny_hf import (
     assert_alone_equals_in_batch,
-    assert_bitwise_generate,
     assert_finished_examples_leave,
+    assert_generate_equivalent,
+    assert_lean_generate_equivalent,
     compare_lean_steps,
     generate_both,
     left_padded_inputs,
@@ -68,43 +72,42 @@ def compare_steps(model, padded: bool):
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (4, 1), (4, 4)])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_step_logits_are_bitwise_those_of_the_model_forward(implementation: str, padded: bool, heads: int,
-                                                            kv_heads: int) -> None:
-    """Each step's logits equal the model's forward with its cache (torch.equal), rows reordered within their
+def test_step_logits_are_those_of_the_model_forward(implementation: str, padded: bool, heads: int,
+                                                    kv_heads: int) -> None:
+    """Each step's logits equal the model's forward with its cache (within the tolerance), rows reordered within their
     examples between steps; grouped-query, multi-query and multi-head attention; the state grows past its start.
     (sdpa with grouped queries takes two paths, ``enable_gqa`` without a mask and a packed query with one: taking
-    the other one changes the bits, so the padded and unpadded cases check that the lean step picks as
-    transformers does.)"""
+    the other one changes the last bits; the padded and unpadded cases run both.)"""
     model = llama(implementation, seed=11, heads=heads, kv_heads=kv_heads)
     got, expected, state = compare_steps(model, padded)
     assert state.cache.capacity == 16  # the prompt's 7 positions + 1, doubled once
     assert state.cache.keys[0].shape[2] == kv_heads  # the cache holds the key/value heads, not repeated ones
     assert (state.mask is not None) == (padded or implementation == "eager")
-    assert torch.equal(got, expected)
+    assert_scores_close(got, expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("padded", [True, False])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_half_precision_step_logits_are_bitwise_those_of_the_model_forward(implementation: str, padded: bool,
-                                                                           dtype: torch.dtype) -> None:
+def test_half_precision_step_logits_are_those_of_the_model_forward(implementation: str, padded: bool,
+                                                                   dtype: torch.dtype) -> None:
     """The same in float16 / bfloat16 (eager's mask in the model's dtype, its softmax in float32 cast back)."""
     model = llama(implementation, seed=5).to(dtype)
     got, expected, state = compare_steps(model, padded)
     assert state.cache.keys[0].dtype == dtype
-    assert torch.equal(got, expected.float())
+    assert_scores_close(got, expected.float(), dtype)
 
 
 @pytest.mark.parametrize("rope", ["linear", "llama3", "yarn"])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_rotary_types_are_bitwise_those_of_the_model_forward(implementation: str, rope: str) -> None:
+def test_rotary_types_are_those_of_the_model_forward(implementation: str, rope: str) -> None:
     """Scaled rotary embeddings (frequencies fixed at load time; positions past the original context of 8)."""
     model = llama(implementation, seed=2, rope=rope)
     assert model.model.rotary_emb.rope_type == rope
     got, expected, _ = compare_steps(model, padded=True)
-    assert torch.equal(got, expected)
+    assert_scores_close(got, expected)
     plain, _, _ = compare_steps(llama(implementation, seed=2), padded=True)
-    assert not torch.equal(got, plain)  # the scaling is in effect
+    assert (got - plain).abs().max() > 0.1  # the scaling is in effect
 
 
 CASES = [
@@ -121,22 +124,12 @@ CASES = [
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_lean_step_equals_transformers(case: int, implementation: str, padded: bool) -> None:
-    """Tokens identical to ``model.generate``, sequence and per-step scores to 1e-5; bit for bit where each example
-    has one row. (transformers runs the prompt on the expanded rows, the lean and generic steps once per example:
-    the prompt's logits and cache may then differ in the last bit, see the step tests.)"""
+    """Tokens, sequence and per-step scores those of ``model.generate``."""
     model = llama(implementation, seed=case, kv_heads=(2, 1, 4)[case % 3])
     ids, mask = inputs(5, seed=case, padded=padded)
     kwargs = dict(CASES[case], max_new_tokens=10, return_dict_in_generate=True, output_scores=True)
     kwargs.setdefault("do_sample", False)
-    expected, got = generate_both(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, **kwargs)
-    assert torch.equal(got.sequences, expected.sequences)
-    if kwargs["num_beams"] > 1:
-        torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
-    assert len(got.scores) == len(expected.scores)
-    for mine, theirs in zip(got.scores, expected.scores, strict=True):
-        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0, equal_nan=True)
-        if CASES[case] == dict(num_beams=1):
-            assert torch.equal(mine, theirs)
+    assert_generate_equivalent(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, **kwargs)
 
 
 def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> None:
@@ -168,25 +161,25 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
     generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, lean_step=False, **kwargs)
     assert not calls
     assert torch.equal(lean.sequences, generic.sequences)
-    assert torch.equal(lean.sequences_scores, generic.sequences_scores)
-    assert torch.equal(lean.token_log_probs, generic.token_log_probs)
+    assert_scores_close(lean.sequences_scores, generic.sequences_scores)
+    assert_scores_close(lean.token_log_probs, generic.token_log_probs)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("early_stopping", [True, False])
 def test_finished_examples_leave_the_lean_state(monkeypatch, implementation: str, early_stopping: bool) -> None:
     """EOS made likely: examples (the padded ones among them) finish at different steps and leave the batch,
-    their cache rows too; tokens equal transformers' (scores to 1e-5) and the generic step's (bit for bit)."""
+    their cache rows too; tokens equal transformers' and the generic step's, scores within the tolerance."""
     ids, mask = inputs(8, seed=6)
-    assert_finished_examples_leave(monkeypatch, llama(implementation, seed=6, eos=2.0), ids, mask, early_stopping,
-                                   exact_scores=False)
+    assert_finished_examples_leave(monkeypatch, llama(implementation, seed=6, eos=2.0), ids, mask, early_stopping)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("beams", [1, 3])
 def test_an_example_decodes_the_same_alone_and_in_a_padded_batch(implementation: str, beams: int) -> None:
     """Batch invariance through the lean step: each example alone (no padding) and in a left-padded batch with
-    others, where examples also finish and leave at different steps: the same tokens, scores to 1e-5."""
+    others, where examples also finish and leave at different steps: the same tokens, scores within the
+    tolerance."""
     ids, mask = inputs(6, seed=4)
     assert_alone_equals_in_batch(llama(implementation, seed=4, eos=2.0), ids, mask, num_beams=beams,
                                  max_new_tokens=12, do_sample=False)
@@ -195,9 +188,10 @@ def test_an_example_decodes_the_same_alone_and_in_a_padded_batch(implementation:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_half_precision_equals_transformers(dtype: torch.dtype, implementation: str) -> None:
-    """float16 / bfloat16 weights: tokens and per-step scores bit for bit those of ``model.generate``."""
+    """float16 / bfloat16 weights: tokens and per-step scores those of ``model.generate`` (the half-precision
+    tolerance)."""
     ids, mask = inputs(4, seed=3)
-    assert_bitwise_generate(llama(implementation, seed=3).to(dtype), ids, mask)
+    assert_lean_generate_equivalent(llama(implementation, seed=3).to(dtype), ids, mask)
 
 
 def test_the_tiny_shared_model_runs_the_lean_step() -> None:
