@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from numerics import assert_scores_close
 
 pytest.importorskip("transformers")
 from tiny_hf import VOCAB, random_inputs, tiny_model  # noqa: E402
@@ -54,7 +55,7 @@ def assert_same(got, want):
     width = torch.arange(got.sequences.shape[-1])
     inside = width < got.lengths[..., None]
     assert torch.equal(got.sequences * inside, want.sequences[..., : got.sequences.shape[-1]] * inside)
-    torch.testing.assert_close(got.sequences_scores, want.sequences_scores, rtol=0, atol=1e-5)
+    assert_scores_close(got.sequences_scores, want.sequences_scores)
 
 
 CASES = [
@@ -118,7 +119,7 @@ def test_prob_mode_is_the_log_of_the_mean_probability():
     a, b = torch.log_softmax(torch.randn(2, 6), -1), torch.log_softmax(torch.randn(2, 6), -1)
     step = ensemble_step([lambda t, s: (a, s), lambda t, s: (b, s)], mode="prob", weights=[1, 3])
     combined, states = step(torch.zeros(2, 1, dtype=torch.long), (None, None))
-    torch.testing.assert_close(combined, torch.log(0.25 * a.exp() + 0.75 * b.exp()))
+    assert_scores_close(combined, torch.log(0.25 * a.exp() + 0.75 * b.exp()))
     assert states == (None, None)
     assert math.isclose(float(combined.exp().sum(-1)[0]), 1.0, rel_tol=1e-6)
 

@@ -40,6 +40,7 @@ from pathlib import Path
 import pytest
 import torch
 from fakes import count_host_conversions
+from numerics import assert_scores_close
 
 import beamsearch
 from beamsearch import SearchOptions, selection
@@ -109,7 +110,7 @@ def test_matches_transformers_4(models, index, chunked, monkeypatch):
         if ended[row]:
             sequences[row, last] = eos[0]  # 4.x writes the first EOS id (see the module docstring)
     assert sequences.tolist() == expected["sequences"]
-    torch.testing.assert_close(out.sequences_scores, torch.tensor(expected["sequences_scores"]), rtol=1e-5, atol=1e-5)
+    assert_scores_close(out.sequences_scores, torch.tensor(expected["sequences_scores"]))
     # beam indices where 4.x's own bookkeeping is consistent, in its numbering within the group
     k, s = case["num_beams"], case["num_beams"] // case["num_beam_groups"]
     batch_size, compared = inputs.shape[0], 0
@@ -137,7 +138,7 @@ def test_beam_indices_point_at_the_scored_rows(models, index):
         assert torch.all(indices[:length] // k == row // n)  # rows of the hypothesis' own example
         steps = [out.scores[t][indices[t], out.sequences[row, prompt + t]] for t in range(length)]
         penalised = torch.stack(steps).sum() / length ** case["length_penalty"]
-        torch.testing.assert_close(penalised, out.sequences_scores[row], rtol=1e-5, atol=1e-5)
+        assert_scores_close(penalised, out.sequences_scores[row])
 
 
 # ---- the model-agnostic core against an independent per-example reference ------------------------------------

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from numerics import assert_scores_close
 from parity_grid import assert_equivalent_output
 from tiny_hf import random_inputs, tiny_model
 
@@ -127,8 +128,8 @@ def test_search_model_returns_the_full_result_of_the_same_search(name):
     result = search_model(model, **common)
     assert torch.equal(result.sequences.reshape(6, -1), expected.sequences)
     generated = (result.lengths - result.prompt_length).to(torch.float32)
-    torch.testing.assert_close(result.sum_log_probs / generated, result.sequences_scores, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(result.sequences_scores.reshape(-1), expected.sequences_scores, atol=1e-5, rtol=1e-5)
+    assert_scores_close(result.sum_log_probs / generated, result.sequences_scores)
+    assert_scores_close(result.sequences_scores.reshape(-1), expected.sequences_scores)
     eos = model.config.eos_token_id
     for b, j in ((b, j) for b in range(3) for j in range(2)):
         last = int(result.sequences[b, j, int(result.lengths[b, j]) - 1])

@@ -46,7 +46,8 @@ CASES = [(seed, shape, kind) for seed in SEEDS for shape in SHAPES for kind in K
 
 
 def assert_same(ours: torch.Tensor, theirs: torch.Tensor) -> None:
-    """Bit-for-bit equality (nan where nan), same dtype and shape."""
+    """Bit-for-bit equality (nan where nan), same dtype and shape: each processor runs the same elementwise and
+    per-row operations as transformers' on the same tensor (the design that makes ``exact_parity`` bitwise)."""
     assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0, equal_nan=True)
 

@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from numerics import assert_scores_close
 from t2t_reference import INF, reference_t2t_search
 
 import beamsearch
@@ -147,7 +148,7 @@ def test_nothing_finishes_returns_alive_beams_with_their_log_probs(stop_early, b
     assert_matches_reference(result, expected, steps, model, beams)
     assert (result.finish_reason == FinishReason.MAX_LENGTH).all()
     assert (result.lengths == 6).all()
-    torch.testing.assert_close(result.sequences_scores, result.sum_log_probs)  # log-probs, not penalised
+    assert_scores_close(result.sequences_scores, result.sum_log_probs)  # log-probs, not penalised
 
 
 @pytest.mark.parametrize(("length", "alpha", "expected"), [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any
 
 import torch
@@ -209,6 +210,15 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     return result, config, options
 
 
+def _compile_options() -> dict[str, Any]:
+    """Inductor options for ``compile_step``. With ``ATEN_CPU_CAPABILITY=default`` (ATen's kernels without SIMD),
+    inductor's C++ kernels still vectorize and then fail to compile (``at::vec`` is not declared, torch 2.13), so
+    they are generated scalar there too."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
+        return {"options": {"cpp.simdlen": 1}}
+    return {}
+
+
 def _pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Take the arguments that are ours, not transformers', out of ``kwargs``.
 
@@ -263,7 +273,8 @@ def _model_step(model, model_kwargs, config, options, needs_attention, lean_step
                                          fixed_shape)
         if reason is None:
             if compile_step:
-                state.decode = torch.compile(state.decode, dynamic=None if fixed_shape else True)
+                state.decode = torch.compile(state.decode, dynamic=None if fixed_shape else True,
+                                             **_compile_options())
             return step, state
     if share_encoder_state:
         raise ValueError(f"share_encoder_state=True needs the lean T5 step, which cannot run this call: {reason}")
