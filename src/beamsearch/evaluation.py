@@ -61,7 +61,9 @@ def score(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[Sequence[str]]]
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
     wrong = wrong_stress = errs = ref_len = 0
-    for hyp, rs in zip(hyps, refs, strict=True):
+    for n, (hyp, rs) in enumerate(zip(hyps, refs, strict=True)):
+        if not rs:
+            raise ValueError(f"input {n} has no reference to score against")
         hyp = list(hyp)
         wrong_stress += hyp not in [list(r) for r in rs]
         wrong += strip_stress(hyp) not in [strip_stress(r) for r in rs]
