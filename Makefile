@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-envs lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m pytest -q
+
+# the whole suite under each thread count and instruction set the suite must pass on (docs/testing.md)
+ENVS := OMP_NUM_THREADS=1 OMP_NUM_THREADS=2 ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2
+
+test-envs: $(STAMP)
+	@for setting in $(ENVS); do echo "== $$setting"; env $$setting $(BIN)/python -m pytest -q -p no:warnings || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

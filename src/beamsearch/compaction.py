@@ -3,8 +3,9 @@
 An example whose result can no longer change (every row finished in greedy search; in beam search, no live
 beam can beat its finished pool, or the pool is full with ``early_stopping=True``) leaves the batch: its rows
 leave the model state (the loop's reorder index simply omits them) and the search tensors, and its final
-tensors wait in full-batch buffers until :meth:`ActiveExamples.finish`. Results are identical to decoding
-without removal; only the model work for finished examples is saved.
+tensors wait in full-batch buffers until :meth:`ActiveExamples.finish`. Results equal decoding without
+removal (tokens; scores to float precision, as the model runs on fewer rows); only the model work for finished
+examples is saved.
 
 Removal is exact only when nothing else looks at the removed rows: :func:`removal_is_exact` checks that
 every processor can drop rows (:meth:`select_rows`) and that every stopping criterion is one whose verdict

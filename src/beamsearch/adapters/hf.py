@@ -97,7 +97,8 @@ def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState
     """One forward of the model on the new tokens (the whole prompt first, then one token with the cache).
 
     The prompt is run once per example (its beams' rows are identical then), and the results are
-    expanded to the beams afterwards.
+    expanded to the beams afterwards; with ``exact_parity`` the state is expanded first and the prompt runs on
+    every row, as in transformers.
     """
     model, kwargs = state.model, state.model_kwargs
     expansion = None
@@ -144,6 +145,13 @@ def generate(
     Returns the sequences tensor ``[B*n, T]``, or with ``return_dict_in_generate=True`` the same
     output class as transformers (``sequences``, ``sequences_scores``, ``scores``, ``logits``,
     ``beam_indices``).
+
+    By default the prompt and encoder run once per example, lean steps keep their own caches and finished
+    examples leave the batch: tokens are transformers' (but where its own choice is a near tie), scores equal to
+    float precision. ``exact_parity=True`` runs every forward on transformers' rows and shapes instead, so that
+    on the same machine (and thread count, torch and transformers versions) every output is bit for bit
+    transformers'; it cannot be combined with ``lean_step``, ``compile_step``, ``share_encoder_state``,
+    ``max_rows`` or ``remove_finished=True``.
 
     Raises:
         ValueError: an argument or generation option we do not implement (named in the message).
@@ -317,7 +325,7 @@ def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stop
     """The memory cap: decode consecutive sub-batches of whole examples with at most ``max_rows`` rows each.
 
     Examples do not depend on their batch-mates (tested), so the results equal one run over the batch:
-    tokens identical, scores to float precision; sampling draws from the random stream sub-batch by sub-batch.
+    tokens equal, scores to float precision; sampling draws from the random stream sub-batch by sub-batch.
     """
     if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"max_rows must be an integer >= 1, got {max_rows!r}")

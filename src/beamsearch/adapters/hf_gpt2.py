@@ -19,7 +19,8 @@ leaves into buffers of its own, and from then on calls the blocks' modules direc
 - attention is computed as the model's attention implementation computes it (``sdpa``: the same
   ``scaled_dot_product_attention`` call, with transformers' boolean mask when the rows hold padding and none
   otherwise; ``eager``: matmul, scale, additive mask, softmax, matmul), so the logits are those of
-  ``model(...)`` bit for bit, not merely close to them.
+  ``model(...)`` to float precision (the cache has other shapes, so not bitwise; ``exact_parity=True`` in
+  :func:`beamsearch.generate` is the bitwise mode).
 
 It is used by :func:`beamsearch.generate` for eligible models (``lean_step=None``, the default); ``False``
 forces the generic step. Eligible: ``GPT2LMHeadModel`` in eval mode with ``eager`` or ``sdpa`` attention and the

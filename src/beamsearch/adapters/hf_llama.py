@@ -16,7 +16,7 @@ the cache it leaves into buffers of its own, and from then on calls the decoder 
 - positions continue from the prompt's last position id (transformers' ``cumsum(mask) - 1``), and the left
   padding of the prompt stays blocked by a per-row mask over the cache;
 - attention is computed as the model's attention implementation computes it for a one-token query, so the
-  logits are those of ``model(...)`` bit for bit:
+  logits are those of ``model(...)`` to float precision (the cache has other shapes, so not bitwise):
 
   - ``sdpa``: transformers passes no mask when no row holds padding, else a boolean one ``[N, 1, 1, t]``; with
     grouped-query attention (H > G) it asks ``use_gqa_in_sdpa`` (on CPU and CUDA: only without a mask) and then
@@ -44,7 +44,7 @@ import torch
 
 from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
-# rotary embeddings whose frequencies are fixed when the model is built (tested bit for bit); "dynamic" and
+# rotary embeddings whose frequencies are fixed when the model is built (tested against the model); "dynamic" and
 # "longrope" recompute them from the positions seen
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 

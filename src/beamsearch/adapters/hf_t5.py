@@ -9,8 +9,9 @@ layer norms, projections and feed-forward blocks directly and does the rest itse
   and the beam reorder gathers only the filled part into a second buffer (one copy, no ``cat``);
 - the cross-attention keys and values are computed once per example and stay one copy per example (encoder
   memory flat in K), never reordered: transformers copies them to every row, and as the attention kernel
-  computes each (batch row, head) on its own, one call per row slot (the j-th row of every example) gives the
-  same bits; with ``share_encoder_state`` an example's K queries attend in one batched call (rounding differs);
+  computes each (batch row, head) on its own, one call per row slot (the j-th row of every example) runs the
+  same kernel on each (row, head); with ``share_encoder_state`` an example's K queries attend in one batched
+  call (other rounding);
 - the relative position bias is the model's own ``compute_bias`` for the new position;
 - attention is computed as the model's attention implementation computes it (``sdpa``: the same
   ``scaled_dot_product_attention`` call with the bias as its mask; ``eager``: matmul, bias, softmax, matmul),
@@ -217,9 +218,10 @@ class LeanT5State:
 
     def _cross_attention(self, sublayer: Any, hidden: torch.Tensor, layer: int, queries_per_key: int) -> torch.Tensor:
         """Each row attends to its example's keys and values ``[B, H, S, d]``. By default one kernel call per row
-        slot (the j-th row of every example): each (example, head) is then computed exactly as transformers
-        computes it over keys copied to every row, bit for bit. With ``share_encoder_state`` one call takes an
-        example's K rows as K query positions (faster, rounding differs)."""
+        slot (the j-th row of every example): each (example, head) is then computed by the kernel transformers
+        calls over keys copied to every row (on other row counts, so equal to float precision, not bitwise).
+        With ``share_encoder_state`` one call takes an example's K rows as K query positions (faster, other
+        rounding)."""
         attention = sublayer.EncDecAttention
         normed = sublayer.layer_norm(hidden)
         keys, values = self.cross_keys[layer], self.cross_values[layer]  # [B, H, S, d]
