@@ -99,3 +99,16 @@ def test_compile_step_refusals() -> None:
                             lean_step=False)
     with pytest.raises(ValueError, match="compile_step must be True, False or .static."):
         beamsearch.generate(t5, **dict(_inputs(t5, 2, seed=0), max_new_tokens=3), compile_step="yes")
+
+
+@pytest.mark.parametrize(("capability", "options"), [(None, {}), ("default", {"options": {"cpp.simdlen": 1}}),
+                                                     ("AVX2", {"options": {"cpp.simdlen": 256}}),
+                                                     ("avx512", {"options": {"cpp.simdlen": 512}})])
+def test_inductor_follows_atens_vector_width(capability, options, monkeypatch) -> None:
+    """Inductor's kernels use ATen's vector width (a mismatch fails to compile or computes garbage, torch 2.13);
+    the suite runs under these settings too (docs/testing.md)."""
+    if capability is None:
+        monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    else:
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+    assert hf_adapter._compile_options() == options
