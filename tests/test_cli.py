@@ -510,3 +510,30 @@ def test_a_closed_pipe_stops_quietly(tmp_path):
     proc.stdout.close()
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+def test_encoder_and_parity_flags_reach_the_search(g2p, tmp_path, capsys, monkeypatch):
+    """--encoder-repetition-penalty, --encoder-no-repeat-ngram-size and --exact-parity become the search options
+    of the same names; the decode equals model.generate with them."""
+    from beamsearch.cli import decoding
+
+    seen = []
+    original = decoding.search_model
+
+    def spy(model, **kwargs):
+        seen.append(kwargs)
+        return original(model, **kwargs)
+
+    monkeypatch.setattr(decoding, "search_model", spy)
+    f = write(tmp_path, "in.txt", WORDS[:3])
+    flags = ["--encoder-repetition-penalty", "0.5", "--encoder-no-repeat-ngram-size", "2", "--exact-parity"]
+    assert main(["decode", f, "--num-beams", "3", "--quiet", *flags]) == 0
+    assert all(k["encoder_repetition_penalty"] == 0.5 and k["encoder_no_repeat_ngram_size"] == 2
+               and k["exact_parity"] is True for k in seen) and seen
+    model, tok = g2p
+    want = []
+    for word in WORDS[:3]:
+        ids = model.generate(**tok([word], return_tensors="pt"), num_beams=3, encoder_repetition_penalty=0.5,
+                             encoder_no_repeat_ngram_size=2)
+        want.append(tok.decode(ids[0], skip_special_tokens=True).strip())
+    assert capsys.readouterr().out.splitlines() == want

@@ -30,6 +30,10 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--typical-p": ("typical_p", float, "locally typical sampling mass"),
     "--repetition-penalty": ("repetition_penalty", float, "CTRL repetition penalty"),
     "--no-repeat-ngram-size": ("no_repeat_ngram_size", int, "forbid repeating n-grams of this size"),
+    "--encoder-repetition-penalty": ("encoder_repetition_penalty", float,
+                                     "favour (>1) or avoid (<1) the input's tokens (encoder-decoder models)"),
+    "--encoder-no-repeat-ngram-size": ("encoder_no_repeat_ngram_size", int,
+                                       "forbid copying n-grams of this size from the input"),
     "--stochastic-beam-search": ("stochastic_beam_search", None, "num-beams samples without replacement"),
     "--num-beam-groups": ("num_beam_groups", int, "diverse beam search: groups of beams (divides --num-beams)"),
     "--diversity-penalty": ("diversity_penalty", float, "diverse beam search: Hamming diversity penalty"),
@@ -42,6 +46,8 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-len-b": ("max_len_b", int, "see --max-len-a"),
     "--block-ngram-repeat": ("block_ngram_repeat", int, "OpenNMT n-gram blocking"),
     "--max-rows": ("max_rows", int, "memory cap: most rows (inputs x beams) per model forward"),
+    "--exact-parity": ("exact_parity", None, "compute on transformers' rows and shapes: its generate bit for bit "
+                                             "(slower; not with --max-rows)"),
 }
 
 
