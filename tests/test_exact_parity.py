@@ -38,16 +38,20 @@ def test_grid_covers_every_family_and_mode():
 
 
 @pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
-def test_stop_strings_and_user_processors_are_bitwise(name):
+def test_stop_strings_user_processors_and_allowed_tokens_are_bitwise(name):
     model = tiny_model(name)
     ids, mask = random_inputs(model, 3, torch.Generator().manual_seed(11))
 
     def ban_token_seven(input_ids, scores):
         return scores.masked_fill(torch.arange(scores.shape[-1]) == 7, -float("inf"))
 
+    def allowed(batch_id, tokens):  # transformers' prefix_allowed_tokens_fn: per example and prefix
+        return [t for t in range(40) if (t + batch_id + tokens.shape[-1]) % 3 != 0 or t == model.config.eos_token_id]
+
     common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10, return_dict_in_generate=True,
                   output_scores=True, output_logits=True, num_beams=4, num_return_sequences=2,
-                  stop_strings=["he", "q"], tokenizer=tiny_tokenizer(), logits_processor=[ban_token_seven])
+                  stop_strings=["he", "q"], tokenizer=tiny_tokenizer(), logits_processor=[ban_token_seven],
+                  prefix_allowed_tokens_fn=allowed)
     expected = model.generate(**common)
     actual = beamsearch.generate(model, **common, exact_parity=True)
     assert_bitwise_output(expected, actual)
