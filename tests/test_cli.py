@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,16 +114,25 @@ def test_empty_lines_unknown_characters_and_uppercase(tmp_path, capsys):
 
 
 def test_overlong_inputs(tmp_path, capsys):
-    f = write(tmp_path, "in.txt", ["cat", "pronunciation"])
+    f = write(tmp_path, "in.txt", ["cat", "pronunciation", "antidisestablishmentarianism"])
     assert main(["decode", f, "--max-input-length", "6"]) == 0
     cap = capsys.readouterr()
-    assert f"{f}:2: 14 tokens, truncated to 6" in cap.err
-    assert len(cap.out.splitlines()) == 2
+    # one warning counts them: "pronunciation" is 13 letters + EOS, the long word 28 + EOS
+    assert cap.err.count("warning") == 1
+    assert f"2 input(s) over 6 tokens truncated (first: {f}:2, 14 tokens)" in cap.err
+    assert len(cap.out.splitlines()) == 3
     assert main(["decode", f, "--max-input-length", "6", "--on-long", "skip"]) == 0
     cap = capsys.readouterr()
-    assert cap.out.splitlines()[1] == "" and "left empty" in cap.err
+    assert cap.out.splitlines()[1:] == ["", ""] and "2 input(s) over 6 tokens left empty" in cap.err
     assert main(["decode", f, "--max-input-length", "6", "--on-long", "error"]) == 2
-    assert f"{f}:2: 14 tokens, over --max-input-length 6" in capsys.readouterr().err
+    assert f"{f}:2: 14 tokens, over the input limit of 6" in capsys.readouterr().err
+    # the model's own limit (64 tokens) bounds the flag, so a huge line cannot take unbounded memory
+    assert main(["decode", f, "--max-input-length", "100000"]) == 2
+    assert "--max-input-length 100000 is over the model's limit of 64 tokens" in capsys.readouterr().err
+    huge = write(tmp_path, "huge.txt", ["a" * 1_000_000, "cat"])
+    assert main(["decode", huge, "--quiet"]) == 0
+    cap = capsys.readouterr()
+    assert len(cap.out.splitlines()) == 2 and "1 input(s) over 64 tokens truncated" in cap.err
 
 
 def test_invalid_utf8_keeps_what_was_written(tmp_path, capsys):
@@ -132,7 +142,8 @@ def test_invalid_utf8_keeps_what_was_written(tmp_path, capsys):
     assert main(["decode", str(p), "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"{p}:3: invalid UTF-8" in err
-    assert len(out.read_text().splitlines()) == 2
+    assert not out.exists()  # incomplete: the records so far stay in the partial file, for --resume
+    assert len((tmp_path / "out.txt.partial").read_text().splitlines()) == 2
 
 
 def test_file_errors_lose_nothing(tmp_path, capsys):
@@ -144,36 +155,55 @@ def test_file_errors_lose_nothing(tmp_path, capsys):
     assert main(["decode", str(tmp_path), "-q"]) == 2
     assert "is a directory" in capsys.readouterr().err
     assert main(["decode", f, "--output", str(out)]) == 2
-    assert "exists; use --resume" in capsys.readouterr().err
+    assert "exists; use --overwrite" in capsys.readouterr().err
     assert out.read_text() == "precious\n"
     assert main(["decode", f, "--model", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
     assert main(["decode", f, "--num-beams", "2", "--num-return-sequences", "3"]) == 2
     assert "num_return_sequences" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def interrupted_run(monkeypatch, args: list[str], after_batches: int) -> None:
+    """Run ``main(args)`` and interrupt it (Ctrl-C) when a batch starts after ``after_batches`` batches."""
+    from beamsearch.cli import decoding
+
+    original, calls = decoding.decode_batch, []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) > after_batches:
+            raise KeyboardInterrupt
+        return original(*a, **k)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(decoding, "decode_batch", failing)
+        assert main(args) == 130
 
 
 @pytest.mark.parametrize("fmt", ["text", "tsv", "jsonl"])
-def test_resume_after_interruption(tmp_path, fmt, capsys):
+def test_resume_after_interruption(tmp_path, fmt, capsys, monkeypatch):
     f = write(tmp_path, "in.txt", WORDS)
     full = tmp_path / "full"
     args = ["decode", f, "--format", fmt, "--num-beams", "3", "--num-return-sequences", "2", "--batch-size", "2"]
     assert main([*args, "--output", str(full)]) == 0
     data = full.read_bytes()
-    lines = data.splitlines(keepends=True)
-    # interrupted in the middle of a record: the first 5 lines and half of the sixth
     part = tmp_path / "part"
-    part.write_bytes(b"".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
+    interrupted_run(monkeypatch, [*args, "--output", str(part)], after_batches=2)
+    partial = tmp_path / "part.partial"
+    assert not part.exists() and (tmp_path / "part.resume.json").exists()
+    written = partial.read_bytes()
+    assert 0 < len(written) < len(data) and data.startswith(written[: len(written) // 2])
+    # as if killed in the middle of writing a record: half of the last line
+    partial.write_bytes(written[: -max(1, len(written.splitlines()[-1]) // 2)])
     assert main([*args, "--output", str(part), "--resume"]) == 0
+    assert not partial.exists() and not (tmp_path / "part.resume.json").exists()
     # the resumed inputs are batched differently: scores may differ in the last float digits
     assert_same_records(part.read_text(), data.decode(), fmt)
-    # resuming a finished file changes nothing (TSV redoes its last input: it cannot tell whether all of its
-    # hypotheses were written, so only the last float digits may change)
+    # resuming a finished output changes nothing
     before = part.read_text()
     assert main([*args, "--output", str(part), "--resume"]) == 0
-    assert_same_records(part.read_text(), before, fmt)
-    if fmt != "tsv":
-        assert part.read_text() == before
-    capsys.readouterr()
+    assert part.read_text() == before and "nothing to resume" in capsys.readouterr().err
 
 
 def assert_same_records(got: str, want: str, fmt: str) -> None:
@@ -195,11 +225,45 @@ def assert_same_records(got: str, want: str, fmt: str) -> None:
                 assert ha["token_log_probs"] == pytest.approx(hb["token_log_probs"], abs=1e-5)
 
 
-def test_resume_rejects_foreign_file(tmp_path, capsys):
-    f = write(tmp_path, "in.txt", ["cat"])
-    out = write(tmp_path, "out.tsv", ["not a record"])
-    assert main(["decode", f, "--format", "tsv", "--output", out, "--resume"]) == 2
+def test_resume_refuses_another_input_or_options(tmp_path, capsys, monkeypatch):
+    f = write(tmp_path, "in.txt", WORDS)
+    out = str(tmp_path / "out.tsv")
+    args = ["decode", f, "--format", "tsv", "--batch-size", "2", "--output", out]
+    interrupted_run(monkeypatch, args, after_batches=1)
+    capsys.readouterr()
+    before = (tmp_path / "out.tsv.partial").read_bytes()
+    other = write(tmp_path, "in.txt", [*WORDS, "extra"])  # the same file name, other contents
+    assert main([*args, "--resume"]) == 2
+    assert "the input files differ from the interrupted run's" in capsys.readouterr().err
+    write(tmp_path, "in.txt", WORDS)
+    assert main([*args, "--num-beams", "4", "--resume"]) == 2
+    assert "options differ from the interrupted run's (--num-beams None -> 4)" in capsys.readouterr().err
+    assert main(["decode", f, "--format", "jsonl", "--batch-size", "2", "--output", out, "--resume"]) == 2
+    assert "--format 'tsv' -> 'jsonl'" in capsys.readouterr().err
+    assert (tmp_path / "out.tsv.partial").read_bytes() == before  # refused: nothing touched
+    assert main(args) == 2
+    assert "an interrupted run left out.tsv.partial" in capsys.readouterr().err
+    (tmp_path / "out.tsv.partial").write_text("not a record\n")
+    assert main([*args, "--resume"]) == 2
     assert "is not a line of --format tsv output" in capsys.readouterr().err
+    (tmp_path / "out.tsv.resume.json").unlink()
+    assert main([*args, "--resume"]) == 2
+    assert "cannot be checked against this run" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
+    assert len(Path(out).read_text().splitlines()) == len(WORDS) and other
+
+
+def test_overwrite_keeps_the_old_file_until_the_new_one_is_complete(tmp_path, capsys, monkeypatch):
+    f = write(tmp_path, "in.txt", WORDS)
+    out = tmp_path / "out.txt"
+    out.write_text("precious\n" * 15000)
+    interrupted_run(monkeypatch, ["decode", f, "--batch-size", "2", "--output", str(out), "--overwrite"], 1)
+    assert out.read_text() == "precious\n" * 15000
+    assert main(["decode", f, "--output", str(out), "--overwrite", "--model", str(tmp_path / "none")]) == 2
+    assert out.read_text() == "precious\n" * 15000
+    assert main(["decode", f, "--output", str(out), "--overwrite"]) == 0
+    assert len(out.read_text().splitlines()) == len(WORDS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
 
 
 def test_sampling_is_seeded(tmp_path, capsys):

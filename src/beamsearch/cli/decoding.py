@@ -28,6 +28,7 @@ class Model:
     ensemble_mode: str = "log"
     replace_unk: bool = False  # --replace-unk: unknown output tokens become the source token they attend to
     keep_alignments: bool = False  # --alignments: keep them in the records
+    long_inputs: list[str] = field(default_factory=list)  # sources of the inputs over the length limit
 
 
 def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False,
@@ -45,18 +46,18 @@ def load_model(path: str | None, device: str, lowercase: bool | None, eager_atte
         raise CLIError("the command line needs transformers: pip install 'beamsearch[hf]'") from None
     hf_logging.disable_progress_bar()
     folder = EMBEDDED_MODEL if path is None else Path(path)
-    if not folder.is_dir():
-        raise CLIError(f"--model {path}: not a directory (a local Hugging Face model directory is expected)")
-    if not (folder / "config.json").is_file():
-        raise CLIError(f"--model {path}: no config.json in it")
+    check_model_folder(folder)
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         cls = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
         extra = {"attn_implementation": "eager"} if eager_attention else {}
-        model = cls.from_pretrained(folder, local_files_only=True, **extra)
+        model = cls.from_pretrained(folder, local_files_only=True, use_safetensors=True, **extra)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
-        raise CLIError(f"--model {folder}: cannot be loaded: {e}") from None
+    except Exception as e:  # a corrupt or incomplete directory: transformers and safetensors raise many types
+        message = " ".join(str(e).split())[:300]
+        raise CLIError(f"--model {folder}: cannot be loaded ({type(e).__name__}: {message})", status=1) from None
+    if not callable(getattr(tokenizer, "pad", None)) or not tokenizer("a")["input_ids"]:
+        raise CLIError(f"--model {folder}: its tokenizer loaded but encodes nothing")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -79,6 +80,31 @@ def load_model(path: str | None, device: str, lowercase: bool | None, eager_atte
     return Model(model, tokenizer, path is None if lowercase is None else lowercase)
 
 
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model", "source.spm")
+
+
+def check_model_folder(folder: Path) -> None:
+    """What a model directory must hold before anything is loaded: config.json, safetensors weights (pickled
+    weights can run code when loaded, so they are refused) and tokenizer files."""
+    name = str(folder)
+    if not folder.is_dir():
+        raise CLIError(f"--model {name}: not a directory (a local Hugging Face model directory is expected)")
+    if not (folder / "config.json").is_file():
+        raise CLIError(f"--model {name}: no config.json in it")
+    if not any((folder / f).is_file() for f in WEIGHTS):
+        pickled = [f for f in PICKLED if (folder / f).is_file()]
+        if pickled:
+            raise CLIError(f"--model {name}: only {pickled[0]} (pickle) weights; beamsearch loads safetensors only, "
+                           "as pickle files can run code: convert with model.save_pretrained(dir) in transformers")
+        raise CLIError(f"--model {name}: no model.safetensors in it")
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise CLIError(f"--model {name}: no tokenizer files in it (tokenizer.json or tokenizer_config.json and its "
+                       "vocabulary): save the tokenizer with the model")
+
+
 @dataclass
 class Encoded:
     line: Line
@@ -99,12 +125,12 @@ def encode(m: Model, line: Line, max_length: int | None, on_long: str) -> Encode
         warn(m, f"{line.source}: {what} not in the model's vocabulary; encoded as {tok.unk_token}")
     if max_length is not None and len(ids) > max_length:
         if on_long == "error":
-            raise CLIError(f"{line.source}: {len(ids)} tokens, over --max-input-length {max_length}")
+            raise CLIError(f"{line.source}: {len(ids)} tokens, over the input limit of {max_length} "
+                           "(--on-long truncate or skip to go on)")
+        m.long_inputs.append(f"{line.source}, {len(ids)} tokens")  # counted in one warning at the end
         if on_long == "skip":
-            warn(m, f"{line.source}: {len(ids)} tokens, over --max-input-length {max_length}; left empty")
             return None
         ids = tok(text, truncation=True, max_length=max_length)["input_ids"]
-        warn(m, f"{line.source}: {len(tok(text)['input_ids'])} tokens, truncated to {max_length}")
     return Encoded(line, ids)
 
 

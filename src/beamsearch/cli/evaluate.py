@@ -9,12 +9,15 @@ from pathlib import Path
 from ..evaluation import read_references, score
 from .decoding import decode_lines, load_model
 from .inputs import CLIError, Line
-from .main import add_ensemble, generation_options, input_limit
+from .main import add_ensemble, generation_options, input_limit, progress, report_long_inputs
 
 CMUDICT_TEST = Path(__file__).resolve().parent.parent / "data" / "cmudict" / "test.tsv"
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    bad = [beams for beams in args.beams if beams < 1]
+    if bad:
+        raise CLIError(f"--beams: {bad[0]} is not a beam width")
     path = Path(args.data) if args.data else CMUDICT_TEST
     if not path.is_file():
         raise CLIError(f"--data {path}: no such file")
@@ -37,21 +40,25 @@ def run_eval(args: argparse.Namespace) -> int:
         torch.manual_seed(args.seed)
     lines = [Line(i, f"{path.name}:{i}", source) for i, (source, _) in enumerate(entries, 1)]
     refs = [r for _, r in entries]
-    limit = input_limit(args, m.tokenizer)
+    limit = input_limit(args, m)
+    bar = progress(len(lines) * len(args.beams), args.quiet)
     rows = []
     for beams in args.beams:
-        if beams < 1:
-            raise CLIError(f"--beams: {beams} is not a beam width")
         t0 = time.perf_counter()
         decoded = decode_lines(
             m, lines, {**options, "num_beams": beams}, args.batch_size, args.batch_type == "tokens", limit,
             args.on_long,
         )
-        hyps = [h[0]["text"].split() if h else [] for _, h in decoded]
+        hyps = []
+        for _, h in decoded:
+            hyps.append(h[0]["text"].split() if h else [])
+            bar.update(1)
         seconds = time.perf_counter() - t0
         s = score(hyps, refs)
         name = "greedy" if beams == 1 else f"beam {beams}"
         rows.append((name, s.wer, s.wer_stress, s.per, len(lines) / seconds))
+    bar.close()
+    report_long_inputs(m, limit, args.on_long)
     print(f"{len(lines)} examples from {path}\n")
     print("| decoding | WER % (stress removed) | WER % | PER % | inputs/s |")
     print("|---|---:|---:|---:|---:|")

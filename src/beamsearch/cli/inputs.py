@@ -10,7 +10,12 @@ from typing import BinaryIO
 
 
 class CLIError(Exception):
-    """An error the command line reports as one clear message (exit status 2), without a traceback."""
+    """An error the command line reports as one clear message without a traceback: exit status 2 for a usage
+    error (bad flags, files or options, the default), 1 for a failure while running (``status=1``)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass

@@ -11,9 +11,11 @@ Every input gives one record, written in input order:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,45 +38,172 @@ def format_record(fmt: str, line: Line, hyps: list[dict[str, Any]]) -> str:
 
 
 class Output:
-    """Where records go: stdout, or a file written record by record (flushed, fsynced per batch).
+    """Where records go: stdout, or a file that is never left half-replaced.
 
-    With ``resume``, the records already in the file are kept, a partly written last record is cut off,
-    and :attr:`done` says how many inputs to skip. Without it, an existing non-empty file is never
-    overwritten unless ``overwrite`` is set.
+    A file output is written to ``PATH.partial`` next to it, one record at a time (each flushed to the operating
+    system as it is written, so a killed process loses at most the record being written; fsynced at most once a
+    second and at the end), and renamed to ``PATH`` only when every input is decoded: an existing ``PATH``
+    (``overwrite``) is untouched until then. ``PATH.resume.json`` beside the partial file holds the fingerprint
+    of the run (inputs, the options that change outputs, format, version); ``resume`` continues the partial
+    file only if the new run's fingerprint is the same, after cutting off a partly written last record.
+    Nothing is created before :meth:`start` (called once the model has loaded), so a failed load leaves no file.
     """
 
     def __init__(self, path: str | None, fmt: str, resume: bool = False, overwrite: bool = False):
-        self.path = path
+        self.path = None if path is None else Path(path)
+        self.fmt = fmt
+        self.resume = resume
         self.done = 0
-        if path is None:
+        self.stream: TextIO | None = None
+        self.last_sync = 0.0
+        if self.path is None:
             if resume:
                 raise CLIError("--resume needs --output FILE")
-            self.stream: TextIO = sys.stdout
+            self.stream = sys.stdout
             return
-        p = Path(path)
-        if p.is_dir():
+        if self.path.is_dir():
             raise CLIError(f"--output {path}: is a directory")
-        if p.exists() and p.stat().st_size > 0 and not resume and not overwrite:
-            raise CLIError(f"--output {path} exists; use --resume to continue it or --overwrite to replace it")
-        if resume and p.exists():
-            self.done = _recover(p, fmt)
+        if not self.path.parent.is_dir():
+            raise CLIError(f"--output {path}: its directory does not exist")
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.sidecar = self.path.with_name(self.path.name + ".resume.json")
+        if resume and overwrite:
+            raise CLIError("--resume and --overwrite contradict each other: choose one")
+        if not resume and not overwrite:
+            if self.partial.exists():
+                raise CLIError(f"--output {path}: an interrupted run left {self.partial.name}; continue it with "
+                               "--resume or start over with --overwrite")
+            if self.path.exists() and self.path.stat().st_size > 0:
+                raise CLIError(f"--output {path} exists; use --overwrite to replace it (it is kept until the new "
+                               "output is complete)")
+
+    @property
+    def complete_already(self) -> bool:
+        """``--resume`` of a run that finished: ``PATH`` exists and no partial file is left."""
+        return self.resume and self.path is not None and self.path.exists() and not self.partial.exists()
+
+    def start(self, fingerprint: dict[str, Any]) -> None:
+        """Open the partial file (new, or continued after checking ``fingerprint`` with ``resume``)."""
+        if self.path is None:
+            return
         try:
-            self.stream = p.open("a" if resume else "w", encoding="utf-8", newline="\n")
+            if self.resume and self.partial.exists():
+                _check_fingerprint(self.sidecar, fingerprint)
+                self.done = _recover(self.partial, self.fmt)
+                self.stream = self.partial.open("a", encoding="utf-8", newline="\n")
+            else:
+                self.stream = self.partial.open("w", encoding="utf-8", newline="\n")
+                _write_json(self.sidecar, fingerprint)
         except OSError as e:
-            raise CLIError(f"--output {path}: cannot be written ({e.strerror})") from None
+            raise CLIError(f"--output {self.path}: cannot be written ({e.strerror})", status=1) from None
 
     def write(self, text: str) -> None:
-        self.stream.write(text)
+        if self.path is None:  # stdout: a closed pipe (BrokenPipeError) ends the command quietly, in main
+            self.stream.write(text)
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()  # to the operating system: survives the process being killed
+            if time.monotonic() - self.last_sync > 1.0:
+                self.sync()
+        except OSError as e:
+            raise self._write_error(e) from None
 
     def sync(self) -> None:
         self.stream.flush()
         if self.path is not None:
             os.fsync(self.stream.fileno())
+            self.last_sync = time.monotonic()
 
-    def close(self) -> None:
-        self.sync()
-        if self.path is not None:
+    def finish(self) -> None:
+        """Every input is decoded: make ``PATH`` the complete output, atomically."""
+        if self.path is None:
+            self.stream.flush()
+            return
+        try:
+            self.sync()
             self.stream.close()
+            os.replace(self.partial, self.path)
+            _sync_directory(self.path.parent)
+            self.sidecar.unlink(missing_ok=True)
+        except OSError as e:
+            raise self._write_error(e) from None
+
+    def abandon(self) -> None:
+        """A failure: keep what was written in the partial file, for ``--resume``."""
+        if self.path is None or self.stream is None or self.stream.closed:
+            return
+        try:
+            self.stream.flush()
+            os.fsync(self.stream.fileno())
+        except OSError:
+            pass  # the disk may be full: what reached the file is kept, a cut last record is trimmed on resume
+        finally:
+            try:
+                self.stream.close()
+            except OSError:
+                pass
+
+    def _write_error(self, e: OSError) -> CLIError:
+        return CLIError(f"cannot write {self.partial} ({e.strerror or e}); the records written so far are kept: "
+                        "make room and continue with --resume", status=1)
+
+
+def fingerprint(args: Any, inputs: list[str], skip: tuple[str, ...]) -> dict[str, Any]:
+    """What ``--resume`` must find unchanged: the inputs' bytes, the options that change outputs (every parsed
+    argument but ``skip``), the format and the version of beamsearch."""
+    from .. import __version__
+
+    files = []
+    for name in inputs:
+        digest = hashlib.sha256()
+        with open(name, "rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                digest.update(block)
+        files.append({"file": str(Path(name).resolve()), "sha256": digest.hexdigest()})
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in skip}
+    return {"beamsearch": __version__, "inputs": files, "options": json.loads(json.dumps(options, default=str))}
+
+
+def _check_fingerprint(sidecar: Path, want: dict[str, Any]) -> None:
+    try:
+        have = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise CLIError(f"--resume: {sidecar} is missing or unreadable, so the partial output cannot be checked "
+                       "against this run; start over with --overwrite") from None
+    if have.get("beamsearch") != want["beamsearch"]:
+        raise CLIError(f"--resume: the partial output was written by beamsearch {have.get('beamsearch')}, this is "
+                       f"{want['beamsearch']}; start over with --overwrite")
+    if have.get("inputs") != want["inputs"]:
+        raise CLIError("--resume: the input files differ from the interrupted run's (names or contents); resume "
+                       "with the same inputs or start over with --overwrite")
+    old, new = have.get("options", {}), want["options"]
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed:
+        shown = ", ".join(f"--{k.replace('_', '-')} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+        raise CLIError(f"--resume: options differ from the interrupted run's ({shown}); resume with the same "
+                       "options or start over with --overwrite")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_directory(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the platform allows opening a directory)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _recover(path: Path, fmt: str) -> int:
