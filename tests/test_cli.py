@@ -601,3 +601,87 @@ def test_encoder_and_parity_flags_reach_the_search(g2p, tmp_path, capsys, monkey
                              encoder_no_repeat_ngram_size=2)
         want.append(tok.decode(ids[0], skip_special_tokens=True).strip())
     assert capsys.readouterr().out.splitlines() == want
+
+
+def model_copy(tmp_path, name: str, skip: tuple[str, ...] = ()) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    for item in EMBEDDED_MODEL.iterdir():
+        if item.is_file() and item.name not in skip:
+            shutil.copy(item, folder / item.name)
+    return folder
+
+
+def test_broken_model_directories_get_one_line_errors(tmp_path, capsys):
+    f = write(tmp_path, "in.txt", ["cat"])
+    out = tmp_path / "out.txt"
+    cases = []
+    cases.append((model_copy(tmp_path, "no_tokenizer", skip=("tokenizer.json", "tokenizer_config.json")), 2,
+                  "no tokenizer files in it"))
+    pickled = model_copy(tmp_path, "pickled", skip=("model.safetensors",))
+    from safetensors.torch import load_file
+
+    torch.save(load_file(EMBEDDED_MODEL / "model.safetensors"), pickled / "pytorch_model.bin")
+    cases.append((pickled, 2, "only pytorch_model.bin (pickle) weights; beamsearch loads safetensors only"))
+    corrupt = model_copy(tmp_path, "corrupt")
+    (corrupt / "model.safetensors").write_bytes((EMBEDDED_MODEL / "model.safetensors").read_bytes()[:5000])
+    cases.append((corrupt, 1, "cannot be loaded (SafetensorError"))
+    bad_config = model_copy(tmp_path, "bad_config")
+    config = json.loads((bad_config / "generation_config.json").read_text())
+    (bad_config / "generation_config.json").write_text(json.dumps(dict(config, num_beams=0)))
+    cases.append((bad_config, 2, "num_beams must be an integer >= 1, got 0 (from the model's "
+                                 "generation_config.json; --num-beams overrides it)"))
+    for folder, status, message in cases:
+        assert main(["decode", f, "--model", str(folder), "--output", str(out), "-q"]) == status, folder.name
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists() and not (tmp_path / "out.txt.partial").exists()  # a failed load creates no file
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--length-penalty", "nan"], "argument --length-penalty: expected a finite number, not 'nan'"),
+    (["--length-penalty", "inf"], "expected a finite number, not 'inf'"),
+    (["--temperature=-inf"], "expected a finite number, not '-inf'"),
+    (["--num-beams", "0"], "--num-beams must be at least 1, not 0"),
+])
+def test_bad_flag_values_are_one_line_usage_errors(flags, message, tmp_path, capsys):
+    f = write(tmp_path, "in.txt", ["cat"])
+    try:
+        status = main(["decode", f, *flags])
+    except SystemExit as exit:  # argparse's own checks exit
+        status = exit.code
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_eval_limit_is_checked(limit, capsys):
+    assert main(["eval", "--limit", limit]) == 2
+    assert f"--limit must be at least 1, not {limit}" in capsys.readouterr().err
+
+
+def test_version_and_grouped_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"beamsearch {beamsearch.__version__}"
+    with pytest.raises(SystemExit):
+        main(["decode", "--help"])
+    text = capsys.readouterr().out
+    headings = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert headings[-6:] == ["input/output", "search", "length", "penalties", "model", "performance"]
+    assert "(default: 64)" in text and "(default: truncate)" in text and "`" not in text
+
+
+def test_unexpected_errors_are_one_line_unless_debug(tmp_path, capsys, monkeypatch):
+    from beamsearch.cli import decoding
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something unforeseen")
+
+    monkeypatch.setattr(decoding, "decode_batch", broken)
+    f = write(tmp_path, "in.txt", ["cat"])
+    assert main(["decode", f]) == 1
+    err = capsys.readouterr().err
+    assert err == "beamsearch: error: RuntimeError: something unforeseen (--debug shows the traceback)\n"
+    with pytest.raises(RuntimeError, match="unforeseen"):
+        main(["decode", f, "--debug"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -173,7 +174,7 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
         else:
             result = search_model(m.model, **inputs, **options)
     except ValueError as e:
-        raise CLIError(str(e)) from None
+        raise CLIError(explained(str(e), m, options)) from None
 
     def text(ids: list[int]) -> str:
         return m.tokenizer.decode(ids, skip_special_tokens=True).strip()
@@ -188,6 +189,16 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
                 if not m.keep_alignments:
                     del hyp["alignment"]
     return records
+
+
+def explained(message: str, m: Model, options: dict[str, Any]) -> str:
+    """A search error about an option the command line did not set: say that it came from the model."""
+    name = re.match(r"[a-z_]+", message)
+    name = name.group(0) if name else ""
+    if name and name not in options and hasattr(m.model.generation_config, name):
+        flag = "--" + name.replace("_", "-")
+        return f"{message} (from the model's generation_config.json; {flag} overrides it)"
+    return message
 
 
 def unk_replaced_text(tokenizer: Any, hyp: dict[str, Any], source_ids: list[int]) -> str:

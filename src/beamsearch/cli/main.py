@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .inputs import CLIError, check_readable, chunks, count_lines, read_lines
 from .outputs import FORMATS, Output, fingerprint, format_record
@@ -72,6 +72,13 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: {shown})"
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with usage errors as one line (the usage itself is in --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def early_stopping(value: str) -> bool | str:
     v = value.lower()
     if v in ("true", "1", "yes"):
@@ -97,7 +104,7 @@ def finite_float(value: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    ap = argparse.ArgumentParser(prog="beamsearch", description="Decode text files with a sequence model (beam "
+    ap = ArgumentParser(prog="beamsearch", description="Decode text files with a sequence model (beam "
                                  "search, greedy, sampling), or compare greedy and beam search on references.",
                                  formatter_class=HelpFormatter)
     ap.add_argument("--version", action="version", version=f"beamsearch {__version__}")

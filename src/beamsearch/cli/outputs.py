@@ -143,6 +143,9 @@ class Output:
                 self.stream.close()
             except OSError:
                 pass
+        if self.partial.stat().st_size == 0:  # nothing decoded (e.g. a bad option found at the first batch)
+            self.partial.unlink(missing_ok=True)
+            self.sidecar.unlink(missing_ok=True)
 
     def _write_error(self, e: OSError) -> CLIError:
         return CLIError(f"cannot write {self.partial} ({e.strerror or e}); the records written so far are kept: "
