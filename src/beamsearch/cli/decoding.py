@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -239,3 +240,40 @@ def decode_lines(
         for e, hyps in zip(batch, decode_batch(m, batch, options), strict=True):
             ready[e.line.index] = hyps
         yield from flush()
+
+
+def input_limit(args: argparse.Namespace, m: Any) -> int | None:
+    """The most input tokens: ``--max-input-length``, which may not exceed the model's own limit (the tokenizer's
+    ``model_max_length`` or the model's position table), so that a long line cannot take unbounded memory."""
+    limits = [getattr(m.tokenizer, "model_max_length", None)]
+    config = m.model.config
+    if not config.is_encoder_decoder:  # a decoder's positions hold the prompt and what is generated
+        limits += [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions")]
+    known = [x for x in limits if isinstance(x, int) and 0 < x < 1_000_000]
+    model_limit = min(known) if known else None
+    if args.max_input_length is None:
+        return model_limit
+    if model_limit is not None and args.max_input_length > model_limit:
+        raise CLIError(f"--max-input-length {args.max_input_length} is over the model's limit of {model_limit} "
+                       "tokens")
+    return args.max_input_length
+
+
+def report_long_inputs(m: Any, limit: int | None, on_long: str) -> None:
+    """One warning counting the inputs over the length limit (truncated or skipped)."""
+    sources = list(dict.fromkeys(m.long_inputs))  # eval decodes each input once per beam width
+    if sources:
+        what = "truncated" if on_long == "truncate" else "left empty"
+        print(f"beamsearch: warning: {len(sources)} input(s) over {limit} tokens {what} (first: {sources[0]}); "
+              "--on-long error refuses them instead", file=sys.stderr)
+
+
+def add_ensemble(m: Any, args: argparse.Namespace) -> None:
+    """Load the --ensemble directories next to the main model; they must share its tokenizer."""
+    for folder in args.ensemble:
+        other = load_model(folder, args.device, args.lowercase, int8=args.int8)
+        if other.tokenizer.get_vocab() != m.tokenizer.get_vocab():
+            raise CLIError(f"--ensemble {folder}: its tokenizer differs from the main model's (an ensemble needs "
+                           "one vocabulary)")
+        m.ensemble.append(other.model)
+    m.ensemble_mode = args.ensemble_mode

@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 from ..evaluation import read_references, score
-from .decoding import decode_lines, load_model
+from .decoding import add_ensemble, decode_lines, input_limit, load_model, report_long_inputs
+from .flags import generation_options
 from .inputs import CLIError, Line
-from .main import add_ensemble, generation_options, input_limit, progress, report_long_inputs
+from .outputs import progress
 
 CMUDICT_TEST = Path(__file__).resolve().parent.parent / "data" / "cmudict" / "test.tsv"
 

@@ -242,3 +242,11 @@ def _recover(path: Path, fmt: str) -> int:
         with path.open("r+b") as f:
             f.truncate(len(keep))
     return done
+
+
+def progress(total: int | None, quiet: bool, initial: int = 0) -> Any:
+    """A tqdm bar on stderr, off with --quiet or when stderr is not a terminal."""
+    from tqdm.auto import tqdm
+
+    disable = quiet or not sys.stderr.isatty()
+    return tqdm(total=total, initial=initial, disable=disable, file=sys.stderr, unit="line", dynamic_ncols=True)
