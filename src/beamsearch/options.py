@@ -8,6 +8,8 @@ anything. Every option that would change results but is not implemented is rejec
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,6 +187,10 @@ class SearchOptions:
 
     def validate(self) -> None:
         """Reject every bad value and incompatible combination with a message naming the option."""
+        for name in _FLOAT_OPTIONS:  # first: NaN passes no comparison, so the checks below would name it wrongly
+            value = getattr(self, name)
+            if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
         _check_int("max_length", self.max_length, minimum=1)
         if self.max_new_tokens is not None:
             _check_int("max_new_tokens", self.max_new_tokens, minimum=0)
@@ -366,6 +372,8 @@ def apply_preset(values: dict[str, Any], skip: Sequence[str] = ()) -> None:
 
 
 _NULLABLE = {f.name for f in dataclasses.fields(SearchOptions) if f.default is None}
+# every float option (NaN and +-inf are refused for all of them); the annotations are strings here
+_FLOAT_OPTIONS = tuple(f.name for f in dataclasses.fields(SearchOptions) if f.type in ("float", "float | None"))
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
