@@ -5,11 +5,15 @@ Public names only; see the README for examples.
 
 from .engine import search
 from .ensemble import ensemble_step
+from .errors import SearchError
 from .options import SearchOptions
 from .quantize import quantize_int8
 from .results import FinishReason, SearchResult
 
-__all__ = ["FinishReason", "SearchOptions", "SearchResult", "ensemble_step", "generate", "quantize_int8", "search"]
+__all__ = [
+    "FinishReason", "SearchError", "SearchOptions", "SearchResult", "ensemble_step", "generate", "quantize_int8",
+    "search",
+]
 __version__ = "0.1.0"
 
 

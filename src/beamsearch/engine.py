@@ -87,6 +87,12 @@ def search(
 
     Returns:
         A :class:`SearchResult` with ``sequences`` ``[B, n, T]``.
+
+    Raises:
+        ValueError: a bad option or combination (named), before the first step.
+        SearchError: a ValueError raised during the search: a step's scores hold NaN (from NaN or +inf logits, a
+            row of logits that is -inf throughout, or a row to sample from with every token masked), named by step
+            and example; or more beams than the vocabulary allows hypotheses to return (``num_beams``, V).
     """
     if options is None:
         options = SearchOptions.create(**kwargs)

@@ -23,6 +23,7 @@ from ..results import FinishReason, SearchResult
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import StepTrace
+from .score_checks import ScoreWatch, check_enough_hypotheses, sample
 
 MASK = -1.0e9
 # [B, ...] tensors: all are compacted when examples leave; the finished pool is the result.
@@ -94,6 +95,7 @@ class BeamSearch:
         aligned = ("alignments", "running_alignments") if output_alignments else ()
         results = _RESULTS + aligned[:1]
         self.active = ActiveExamples(b, device, _PER_EXAMPLE + aligned, results) if remove_finished else None
+        self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
@@ -103,8 +105,12 @@ class BeamSearch:
         """One step; returns the flat parent row of each new live beam, ``[N]`` (fewer rows once examples left), or
         None when there is nothing to reorder."""
         b = self.running_scores.shape[0]  # B': the active examples
+        if self.length == self.prompt_length:
+            check_enough_hypotheses(self.rows_per_example, self.num_return_sequences, logits.shape[-1],
+                                    self.eos_token_id, self.max_length - self.prompt_length)
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
+        self.watch.start(self.length - self.prompt_length, logits, log_probs, self.example_ids)
         *candidates, parents = self._grow(unflatten_beams(log_probs, b))
         if self.keep_alignments:
             self._grow_alignments(attention, parents)
@@ -130,7 +136,7 @@ class BeamSearch:
         if self.early_stopping is True:
             done = done | torch.all(self.is_finished, dim=-1)
         identity = torch.all(rows == torch.arange(rows.shape[0], device=rows.device))
-        *done, all_hit, identity = torch.cat((done, torch.stack((torch.all(self.hits), identity)))).tolist()
+        *done, all_hit, identity = self.watch.read(torch.cat((done, torch.stack((torch.all(self.hits), identity)))))
         self._done = bool(all_hit) or all(done)
         if self._done:
             return None
@@ -161,10 +167,12 @@ class BeamSearch:
         b, k, vocab = log_probs.shape
         if self.do_sample:
             totals = (log_probs + self.running_scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
-            flat = torch.multinomial(torch.softmax(totals, dim=-1), num_samples=self.num_candidates)  # [B, C]
+            flat, invalid = sample(torch.softmax(totals, dim=-1), self.num_candidates)  # [B, C], [B]
+            self.watch.flag(invalid)
             scores = torch.gather(totals, 1, flat)  # [B, C]
         else:
             scores, flat = self._choose_candidates(log_probs)  # [B, C]
+            self.watch.flag(torch.isnan(scores).any(dim=1))  # a NaN in any of the example's rows is ranked first
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         position = self.length - self.prompt_length
         sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
@@ -251,7 +259,7 @@ class BeamSearch:
             return self._done
         open_pool = ~(torch.all(self.is_finished) & (self.early_stopping is True))
         going = torch.any(self.can_improve) & open_pool & ~torch.all(self.hits)
-        return not bool(going)
+        return not self.watch.read(going.reshape(1))[0]
 
     def result(self) -> SearchResult:
         if self.active is not None:
@@ -259,7 +267,7 @@ class BeamSearch:
         n = self.num_return_sequences
         beam_indices = self.beam_indices[:, :n]  # [B, n, G]
         generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]
-        width = int(generated.max()) if generated.numel() else 0
+        width = self.watch.read_max(generated)
         token_log_probs = self.token_log_probs[:, :n, :width]
         scores, logits = self.trace.as_tuples()
         reason = torch.where(self.is_finished[:, :n], self.finish_reason[:, :n], int(FinishReason.NONE))

@@ -140,7 +140,9 @@ class ConstrainedBeamSearch(BeamSearch):
         c, kv = self.num_candidates, k * vocab
         totals = (log_probs + self.running_scores[:, :, None]).reshape(b, kv)  # [B, K*V]
         union = torch.zeros_like(totals, dtype=torch.bool)
-        union.scatter_(1, torch.topk(totals, k=c)[1], True)  # the usual top C
+        top, positions = torch.topk(totals, k=c)  # the usual top C
+        self.watch.flag(torch.isnan(top).any(dim=1))  # NaN ranks first: if the top C hold none, the rows hold none
+        union.scatter_(1, positions, True)
         union |= self._advancing.reshape(b, kv)  # tokens that start or continue an unmet constraint
         best = torch.argmax(self._log_probs, dim=-1) + torch.arange(k, device=totals.device) * vocab  # [B, K]
         union.scatter_(1, best, True)  # each beam's best token

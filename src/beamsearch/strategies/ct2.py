@@ -38,6 +38,7 @@ from ..results import FinishReason, SearchResult
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import StepTrace
+from .score_checks import ScoreWatch, check_enough_hypotheses
 
 MASK = -1.0e9
 
@@ -96,6 +97,7 @@ class CT2BeamSearch:
         self.top_beam_ended = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
         self.example_done = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
         self._done = max_length <= t0
+        self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
@@ -103,9 +105,13 @@ class CT2BeamSearch:
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step; returns the flat parent row of each new live beam, ``[N]``."""
         b = self.batch_size
+        if self.length == self.prompt_length:
+            check_enough_hypotheses(self.rows_per_example, self.num_return_sequences, logits.shape[-1],
+                                    self.eos_token_id, self.max_length - self.prompt_length)
         scores = run_processors(self.processors, self.tokens(), logits, owned and self.trace.logits is None)
         log_probs = torch.log_softmax(scores, dim=-1)  # [N, V]
         self.trace.record(log_probs, logits)
+        self.watch.start(self.length - self.prompt_length, logits, scores)
         candidates = self._grow(unflatten_beams(log_probs, b))
         ended = self.criteria(flatten_beams(candidates[1][:, :, : self.length + 1]), self.trace.scores)
         ended = ended.reshape(b, -1) | (self.length + 1 >= self.max_length)  # [B, C]
@@ -121,6 +127,7 @@ class CT2BeamSearch:
         """The top C = 2K continuations of each example. ``log_probs`` is ``[B, K, V]``."""
         b, k, vocab = log_probs.shape
         scores, flat = top_totals(log_probs, self.running_scores, 2 * k)  # [B, C]: topk of the [B, K*V] sums
+        self.watch.flag(torch.isnan(scores).any(dim=1) & ~self.example_done)  # NaN ranks first; done ones are final
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         position = self.length - self.prompt_length
         sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
@@ -187,10 +194,10 @@ class CT2BeamSearch:
             self.example_done |= self.num_registered >= self.max_hypotheses
 
     def is_done(self) -> bool:
-        return self._done or bool(torch.all(self.example_done))
+        return self._done or self.watch.read(torch.all(self.example_done).reshape(1))[0]
 
     def result(self) -> SearchResult:
-        width = int(self.generated.max()) if self.generated.numel() else 0
+        width = self.watch.read_max(self.generated)
         token_log_probs = self.token_log_probs[:, :, :width]
         scores, logits = self.trace.as_tuples()
         return SearchResult(

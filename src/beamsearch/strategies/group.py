@@ -35,6 +35,7 @@ from ..processors import ProcessorList
 from ..results import FinishReason, SearchResult
 from ..selection import top_totals
 from .base import StepTrace
+from .score_checks import ScoreWatch
 
 MASK = -1.0e9  # the score of the beams that are not live at step 0 (as in transformers)
 EMPTY = float("-inf")  # the score of an empty place in a finished pool (only ever compared, never multiplied)
@@ -97,6 +98,7 @@ class GroupBeamSearch:
         self.group_rows = [(torch.arange(b, device=device)[:, None] * k + beams[i]).reshape(-1) for i in range(g)]
         self.group_processors = [_select_rows(processors, rows) for rows in self.group_rows]
         self._stop: torch.Tensor | bool = max_length <= t0
+        self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
@@ -106,6 +108,7 @@ class GroupBeamSearch:
         b, k, s = self.batch_size, self.rows_per_example, self.group_size
         log_probs = torch.log_softmax(logits, dim=-1)  # [N, V]
         vocab = log_probs.shape[-1]
+        self.watch.start(self.length - self.prompt_length, logits)
         tokens = self.tokens()  # [N, t], before this step's reorder
         processed = torch.zeros_like(log_probs) if self.trace.scores is not None else None
         chosen_counts = torch.zeros(b, vocab, device=logits.device)  # [B, V] tokens chosen by earlier groups
@@ -144,6 +147,8 @@ class GroupBeamSearch:
         token_log_probs = torch.gather(log_probs.reshape(b, s * vocab), 1, flat)  # [B, C]
         is_eos = torch.isin(tokens, self.eos) if self.eos is not None else torch.zeros_like(tokens, dtype=torch.bool)
         done = self.group_done[:, group].clone()  # [B], before this step (the update below is in place)
+        # a NaN in any of the group's rows is ranked first; a group done before this step only carries pad tokens
+        self.watch.flag(torch.isnan(scores).any(dim=1) & ~done)
         finishing = is_eos[:, :s] & ~done[:, None]  # [B, S]: EOS among the first S, in groups still open
         if self.eos is not None:
             self._add_finished(group, scores[:, :s], parents[:, :s], tokens[:, :s], token_log_probs[:, :s], finishing)
@@ -231,7 +236,7 @@ class GroupBeamSearch:
     def is_done(self) -> bool:
         if self.length >= self.max_length:
             return True
-        return bool(self._stop)  # the step's one host synchronisation
+        return self.watch.read(torch.as_tensor(self._stop).reshape(1))[0]  # the step's one host synchronisation
 
     def _finalize(self) -> None:
         """The live beams of the groups not done enter their pools, scored at their length (4.x's finalize)."""
@@ -255,7 +260,7 @@ class GroupBeamSearch:
         order = torch.topk(self.pool_scores.reshape(b, k), k=n, dim=1)[1]  # [B, n] best over all groups' pools
         beam_indices = gather_beams(self.pool_beam_indices.reshape(b, k, -1), order)  # [B, n, P]
         generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]
-        width = int(generated.max()) if generated.numel() else 0
+        width = self.watch.read_max(generated)
         token_log_probs = gather_beams(self.pool_token_log_probs.reshape(b, k, -1), order)[:, :, :width]
         sequences = gather_beams(self.pool_sequences.reshape(b, k, -1), order)
         scores, logits = self.trace.as_tuples()

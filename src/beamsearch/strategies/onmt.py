@@ -45,6 +45,7 @@ from ..results import SearchResult
 from ..scoring import coverage_penalty, length_penalty
 from ..stopping import classify_stop
 from .base import StepTrace
+from .score_checks import ScoreWatch
 
 DEAD = -65504.0  # OpenNMT's cumulative log-prob for a beam that ended
 BLOCKED = -10e20  # OpenNMT's score for a token that would repeat an n-gram
@@ -105,6 +106,7 @@ class ONMTBeamSearch:
         self.best_per_token = torch.full((b,), EMPTY, device=device)  # ratio: best finished score / length
         self.done = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
         self._over = max_length <= t0
+        self.watch = ScoreWatch()  # NaN in the beams' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.sequences[:, :, : self.length])  # [N, t]
@@ -116,6 +118,7 @@ class ONMTBeamSearch:
             raise ValueError("coverage_penalty needs the step function to return (logits, state, attention [N, S])")
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
+        self.watch.start(self.length - self.prompt_length, logits, log_probs)
         vocab = log_probs.shape[-1]
         step = self.length - self.prompt_length + 1  # OpenNMT's len(): tokens so far, one start token
         attn = None if attention is None else unflatten_beams(attention.float(), b)  # [B, K, S]
@@ -127,6 +130,7 @@ class ONMTBeamSearch:
             scores = scores / penalty
         scores = self._block_ngrams(scores)
         top_scores, flat = torch.topk(scores.reshape(b, k * vocab), k=k)  # [B, K]
+        self.watch.flag(torch.isnan(top_scores).any(dim=1) & ~self.done)  # NaN ranks first; done examples are final
         self.alive = top_scores * penalty
         parents, tokens = flat // vocab, flat % vocab  # [B, K]
         position = self.length - self.prompt_length
@@ -212,11 +216,11 @@ class ONMTBeamSearch:
         self.pool_reasons = pick(self.pool_reasons, reasons)
 
     def is_done(self) -> bool:
-        return self._over or bool(self.done.all()) or self.length >= self.max_length
+        return self._over or self.watch.read(self.done.all().reshape(1))[0] or self.length >= self.max_length
 
     def result(self) -> SearchResult:
         generated = self.pool_lengths - self.prompt_length  # [B, P]
-        width = int(generated.max()) if generated.numel() else 0
+        width = self.watch.read_max(generated)
         positions = torch.arange(self.pool_sequences.shape[-1], device=generated.device)
         sequences = self.pool_sequences.masked_fill(positions >= self.pool_lengths[:, :, None], self.fill)
         steps = torch.arange(width, device=generated.device)

@@ -18,6 +18,7 @@ from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
+from .score_checks import ScoreWatch, sample
 
 # [N, ...] row tensors; all make up the result and all are compacted when examples leave.
 _RESULTS = ("sequences", "unfinished", "lengths", "token_log_probs", "finish_reason")
@@ -71,6 +72,7 @@ class SamplingSearch:
         self.alignments: torch.Tensor | None = None  # [N, L - t0, S], allocated at the first step
         names = _RESULTS + (("alignments",) if output_alignments else ())
         self.active = ActiveExamples(batch_size, device, names, names, rows_per_example) if removal else None
+        self.watch = ScoreWatch()  # NaN in the chosen tokens' log-probs, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
         return self.sequences[:, : self.length]  # [N, t]
@@ -81,16 +83,24 @@ class SamplingSearch:
         # owned logits are masked in place, unless the trace keeps them (it records them after processing)
         scores = run_processors(self.processors, tokens, logits, owned and self.trace.logits is None)  # [N, V]
         self.trace.record(scores, logits)
+        position = self.length - self.prompt_length
+        self.watch.start(position, logits, scores, None if self.active is None else self.active.ids)
         if self.do_sample:
-            next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [N]
+            next_tokens, invalid = sample(torch.softmax(scores, dim=-1), 1)  # [N, 1], [N]: rows with no distribution
+            next_tokens = next_tokens.squeeze(1)  # [N]
         else:
             # the argmax, through max: the same first index on ties and NaNs, several times faster on CPU
-            next_tokens = scores.max(dim=-1).indices  # [N]
+            best, next_tokens = scores.max(dim=-1)  # [N]
         if self.eos_token_id is not None:
             next_tokens = torch.where(self.unfinished, next_tokens, self.pad_token_id)
         log_probs = torch.log_softmax(scores, dim=-1).gather(1, next_tokens[:, None]).squeeze(1)  # [N]
-        position = self.length - self.prompt_length
+        if not self.do_sample:  # every token masked: token 0, as transformers' argmax, and log-prob -inf (not NaN)
+            log_probs.masked_fill_(best == float("-inf"), float("-inf"))
         self.token_log_probs[:, position] = torch.where(self.unfinished, log_probs, 0.0)
+        if not self.do_sample:  # any NaN left is a NaN or +inf in the row (see score_checks), fatal in a running row
+            invalid = torch.isnan(self.token_log_probs[:, position])  # [N]
+        k = self.rows_per_example
+        self.watch.flag(invalid if k == 1 else invalid.reshape(-1, k).any(dim=1))  # [B']
         if self.keep_alignments:
             self._record_alignments(attention, position)
         self.sequences[:, self.length] = next_tokens
@@ -113,7 +123,7 @@ class SamplingSearch:
     def _remove_done(self) -> torch.Tensor | None:
         """Drop the examples whose rows all finished (the step's one host sync); their rows' results are final."""
         k = self.rows_per_example
-        done = (~self.unfinished.reshape(-1, k).any(dim=1)).tolist()  # [B']
+        done = self.watch.read(~self.unfinished.reshape(-1, k).any(dim=1))  # [B']
         self._done = self._done or all(done)
         if self._done or not any(done):
             return None
@@ -123,11 +133,12 @@ class SamplingSearch:
         return rows
 
     def is_done(self) -> bool:
-        if self.active is not None:  # advance() decided
+        if self.active is not None or self._done:  # advance() decided
             return self._done
-        return self._done or not bool(self.unfinished.any())
+        return not self.watch.read(self.unfinished.any().reshape(1))[0]
 
     def result(self) -> SearchResult:
+        self.watch.close()
         if self.active is not None:
             self.active.finish(self)
         b, k = self.batch_size, self.rows_per_example

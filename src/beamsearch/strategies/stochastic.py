@@ -42,6 +42,7 @@ from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
+from .score_checks import ScoreWatch
 
 NEG_INF = float("-inf")  # the key of an empty slot or an impossible child (only compared, never multiplied)
 
@@ -153,6 +154,7 @@ class StochasticBeamSearch:
         self.token_log_probs = torch.zeros(b, k, g, device=device)  # [B, K, G]
         self.is_finished = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, K] complete sequences
         self.finish_reason = torch.zeros(b, k, dtype=torch.long, device=device)  # [B, K] FinishReason codes
+        self.watch = ScoreWatch()  # NaN in the live beams' log-probs, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.sequences[:, :, : self.length])  # [N, t]
@@ -165,6 +167,11 @@ class StochasticBeamSearch:
         self.trace.record(log_probs, logits)
         vocab = log_probs.shape[-1]
         log_probs = unflatten_beams(log_probs, b)  # [B, K, V]
+        # a log-softmax row with a NaN, a +inf or every token masked is NaN throughout (see score_checks); a masked
+        # row is a dead end here (its children are impossible), so the watch forgives rows that are all -inf
+        self.watch.start(self.length - self.prompt_length, logits, scores, masked_rows_allowed=True)
+        live = ~self.is_finished & (self.keys > NEG_INF)  # [B, K]
+        self.watch.flag((torch.isnan(log_probs[:, :, 0]) & live).any(dim=1))
         children = self._child_keys(log_probs)  # [B, K*V]
         kept = torch.where(self.is_finished, self.keys, NEG_INF)  # [B, K] complete sequences compete as they are
         top_keys, chosen = torch.topk(torch.cat((children, kept), dim=1), k=k + 1)  # [B, K+1], descending
@@ -209,14 +216,15 @@ class StochasticBeamSearch:
     def is_done(self) -> bool:
         if self.length >= self.max_length:
             return True
-        return bool(torch.all(self.is_finished | (self.keys == NEG_INF)))  # the step's one host synchronisation
+        done = torch.all(self.is_finished | (self.keys == NEG_INF))
+        return self.watch.read(done.reshape(1))[0]  # the step's one host synchronisation
 
     def result(self) -> StochasticBeamResult:
         n, t0 = self.num_return_sequences, self.prompt_length
         empty = self.keys[:, :n] == NEG_INF  # [B, n]: fewer complete sequences than slots
         beam_indices = torch.where(empty[:, :, None], -1, self.beam_indices[:, :n])  # [B, n, G]
         generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]
-        width = int(generated.max()) if generated.numel() else 0
+        width = self.watch.read_max(generated)
         token_log_probs = torch.where(empty[:, :, None], 0.0, self.token_log_probs[:, :n, :width])
         sequences = self.sequences[:, :n, : t0 + width].clone()
         sequences[:, :, t0:] = torch.where(empty[:, :, None], self.fill_token_id, sequences[:, :, t0:])

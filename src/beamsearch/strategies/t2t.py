@@ -46,6 +46,7 @@ from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import StoppingCriteriaList
 from .base import StepTrace
+from .score_checks import ScoreWatch
 
 INF = 1.0e7  # tensor2tensor's "infinity": finite, so that -INF * 0 is 0
 
@@ -135,6 +136,7 @@ class T2TBeamSearch:
         self.finished_token_log_probs = self.alive_token_log_probs.clone()  # [B, K, G]
         self.finished_beam_indices = self.alive_beam_indices.clone()  # [B, K, G]
         self.all_ended = torch.zeros((), dtype=torch.bool, device=device)
+        self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
         return flatten_beams(self.alive_seq[:, :, : self.length])  # [N, t]
@@ -143,6 +145,7 @@ class T2TBeamSearch:
         """One step of t2t's ``inner_loop``; returns the flat parent row of each new alive beam, ``[N]``."""
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
+        self.watch.start(self.step, logits, log_probs)
         candidates = self._grow_topk(unflatten_beams(log_probs, self.batch_size))
         self._grow_alive(candidates)
         self._grow_finished(candidates)
@@ -157,6 +160,7 @@ class T2TBeamSearch:
         totals = (log_probs + self.alive_log_probs[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
         penalty = gnmt_length_penalty(self.step + 1, self.alpha)
         scores, flat = top_k_in_index_order(totals / penalty, min(self.num_candidates, k * vocab))  # [B, C]
+        self.watch.flag(torch.isnan(scores).any(dim=1))  # a NaN in any of the example's rows is ranked first
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         sequences = gather_beams(self.alive_seq, parents)  # [B, C, L]
         sequences[:, :, self.length] = tokens
@@ -206,7 +210,7 @@ class T2TBeamSearch:
         else:
             finished_bound = self.finished_scores.min()  # []: the worst finished of the whole batch, as in t2t
         bound_is_met = torch.all(finished_bound > lower_bound_alive_scores)
-        return bool(bound_is_met | self.all_ended)
+        return self.watch.read((bound_is_met | self.all_ended).reshape(1))[0]
 
     def result(self) -> SearchResult:
         """Per example, the finished pool if anything finished, else the alive beams with their log-probs."""
@@ -219,7 +223,7 @@ class T2TBeamSearch:
 
         beam_indices = pick(self.finished_beam_indices, self.alive_beam_indices)  # [B, n, G]
         generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]
-        width = int(generated.max()) if generated.numel() else 0
+        width = self.watch.read_max(generated)
         token_log_probs = pick(self.finished_token_log_probs, self.alive_token_log_probs)[:, :, :width]
         alive_reason = FinishReason.MAX_LENGTH if self.length >= self.max_length else FinishReason.NONE
         finished_reasons = torch.where(self.finished_flags, self.finished_reasons, int(FinishReason.NONE))
