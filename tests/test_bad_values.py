@@ -398,3 +398,20 @@ def test_scores_are_never_nan(options, seed, vocab, batch_size, scale, corruptio
     generated = result.lengths - result.prompt_length  # [B, n]
     positions = torch.arange(result.token_log_probs.shape[-1])
     assert not result.token_log_probs[positions < generated[:, :, None]].isnan().any()
+
+
+def test_max_rows_names_the_example_by_its_index_in_the_whole_batch():
+    """Sub-batches of 2 examples: NaN in example 3 (the second of the second sub-batch) is named 3, not 1."""
+    from tiny_hf import tiny_model
+
+    model = tiny_model("gpt2")
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13], [30, 6, 7], [14, 15, 16]])
+
+    def poison(input_ids, scores):  # the prompt starting with 30 marks example 3, wherever its row is
+        return scores.masked_fill((input_ids[:, :1] == 30), float("nan"))
+
+    with pytest.raises(SearchError, match=r"at step 0 \(example 3\)$"):
+        beamsearch.generate(model, input_ids=ids, max_new_tokens=3, num_beams=2, max_rows=4,
+                            logits_processor=[poison])
+    with pytest.raises(SearchError, match=r"at step 0 \(example 3\)$"):
+        beamsearch.generate(model, input_ids=ids, max_new_tokens=3, num_beams=2, logits_processor=[poison])

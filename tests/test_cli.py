@@ -685,3 +685,25 @@ def test_unexpected_errors_are_one_line_unless_debug(tmp_path, capsys, monkeypat
     assert err == "beamsearch: error: RuntimeError: something unforeseen (--debug shows the traceback)\n"
     with pytest.raises(RuntimeError, match="unforeseen"):
         main(["decode", f, "--debug"])
+
+
+def test_a_model_returning_nan_is_a_runtime_error(tmp_path, capsys, monkeypatch):
+    """The search's SearchError (NaN in what the model returned) is one line with exit status 1; the records
+    decoded before it stay in the partial output for --resume."""
+    from beamsearch import SearchError
+    from beamsearch.cli import decoding
+
+    original, calls = decoding.search_model, []
+
+    def nan_on_the_second_batch(model, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise SearchError("the model's logits hold NaN at step 3 (example 1)", 3, 1)
+        return original(model, **kwargs)
+
+    monkeypatch.setattr(decoding, "search_model", nan_on_the_second_batch)
+    f = write(tmp_path, "in.txt", WORDS)
+    out = tmp_path / "out.txt"
+    assert main(["decode", f, "--batch-size", "2", "--output", str(out)]) == 1
+    assert capsys.readouterr().err == "beamsearch: error: the model's logits hold NaN at step 3 (example 1)\n"
+    assert len((tmp_path / "out.txt.partial").read_text().splitlines()) == 2

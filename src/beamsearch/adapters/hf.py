@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..engine import search
+from ..errors import SearchError
 from ..options import TOOLKIT_OPTIONS, UNSUPPORTED_OPTIONS, SearchOptions, apply_preset, is_neutral
 from ..results import SearchResult, concatenate
 from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
@@ -354,8 +355,11 @@ def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stop
             chunk["prefix_allowed_tokens_fn"] = _shift_batch_ids(kwargs["prefix_allowed_tokens_fn"], first)
         if chunk.get("target_prefix") is not None:
             chunk["target_prefix"] = kwargs["target_prefix"][start : start + step]
-        outputs.append(_run(model, ids[start : start + step], generation_config, logits_processor,
-                            stopping_criteria, chunk))
+        try:
+            outputs.append(_run(model, ids[start : start + step], generation_config, logits_processor,
+                                stopping_criteria, chunk))
+        except SearchError as e:  # name the example by its index in the whole batch
+            raise e.shifted(start) from None
     _, config, options = outputs[-1]
     result = concatenate([r for r, _, _ in outputs], _fill_token(config, options), rows)
     return result, config, options

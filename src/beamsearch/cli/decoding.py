@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..adapters.hf import search_model
+from ..errors import SearchError
 from .inputs import CLIError, Line
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "g2p_cmudict"
@@ -174,6 +175,8 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
             result = search_ensemble([m.model, *m.ensemble], **inputs, mode=m.ensemble_mode, **options)
         else:
             result = search_model(m.model, **inputs, **options)
+    except SearchError as e:  # what the model returned: a failure while running
+        raise CLIError(str(e), status=1) from None
     except ValueError as e:
         raise CLIError(explained(str(e), m, options)) from None
 

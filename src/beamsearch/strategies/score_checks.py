@@ -69,7 +69,7 @@ class ScoreWatch:
             return values.tolist()
         *values, failed = torch.cat((values.reshape(-1), invalid.any().reshape(1).to(values.dtype))).tolist()
         if failed and not self._only_masked_rows(invalid):
-            raise SearchError(self._describe(invalid))
+            raise SearchError(*self._describe(invalid))
         self._step = None  # the step's tensors are no longer needed
         return values
 
@@ -95,14 +95,15 @@ class ScoreWatch:
         flagged = invalid.repeat_interleave(scores.shape[0] // invalid.shape[0])  # [N']
         return not bool((torch.isnan(scores[flagged]) | torch.isposinf(scores[flagged])).any())
 
-    def _describe(self, invalid: torch.Tensor) -> str:
+    def _describe(self, invalid: torch.Tensor) -> tuple[str, int, int]:
+        """The error's message, step and example."""
         step, logits, scores, example_ids, _ = self._step
         index = int(torch.nonzero(invalid)[0, 0])
         k = logits.shape[0] // invalid.shape[0]
         rows = slice(index * k, (index + 1) * k)
         example = index if example_ids is None else int(example_ids[index])
         what = describe_rows(logits[rows], None if scores is None else scores[rows])
-        return f"{what} at step {step} (example {example})"
+        return f"{what} at step {step} (example {example})", step, example
 
 
 def describe_rows(logits: torch.Tensor, scores: torch.Tensor | None) -> str:
