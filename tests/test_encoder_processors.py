@@ -23,23 +23,17 @@ def _sources(rows: int, vocab: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, min(vocab, 5), (rows, length), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("ngram_size", [1, 2, 3, 4])
-def test_encoder_no_repeat_ngram_equals_transformers(ngram_size):
-    """Same elementwise masking on the same tensors: bit for bit (``compare``)."""
+ENCODER_CASES = [*(("EncoderNoRepeatNGramLogitsProcessor", n) for n in (1, 2, 3, 4)),
+                 *(("EncoderRepetitionPenaltyLogitsProcessor", p) for p in (0.5, 1.3, 2.0))]
+
+
+@pytest.mark.parametrize(("name", "argument"), ENCODER_CASES)
+def test_encoder_processors_equal_transformers(name, argument):
+    """Same elementwise masking and scaling on the same tensors: bit for bit (``compare``)."""
     for seed, (rows, vocab, length), kind in CASES:
         ids, scores = make_case(seed, (rows, vocab, length), kind)
         source = _sources(rows, vocab, 6, seed)
-        compare(bp.EncoderNoRepeatNGramLogitsProcessor(ngram_size, source),
-                hf.EncoderNoRepeatNGramLogitsProcessor(ngram_size, source), ids, scores)
-
-
-@pytest.mark.parametrize("penalty", [0.5, 1.3, 2.0])
-def test_encoder_repetition_penalty_equals_transformers(penalty):
-    for seed, (rows, vocab, length), kind in CASES:
-        ids, scores = make_case(seed, (rows, vocab, length), kind)
-        source = _sources(rows, vocab, 6, seed)
-        compare(bp.EncoderRepetitionPenaltyLogitsProcessor(penalty, source),
-                hf.EncoderRepetitionPenaltyLogitsProcessor(penalty, source), ids, scores)
+        compare(getattr(bp, name)(argument, source), getattr(hf, name)(argument, source), ids, scores)
 
 
 def test_encoder_no_repeat_ngram_by_hand():
