@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-envs lint bench clean
+.PHONY: run test test-envs lint bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +37,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/suite.py --quick --threads 1 --no-plot
 
+# the documentation site from docs/ (mkdocs.yml) into site/ (git-ignored); any warning fails the build
+# (NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner, not a build warning)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) site
