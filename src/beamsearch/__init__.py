@@ -1,6 +1,6 @@
 """beamsearch: vectorized beam search, greedy search and sampling for any PyTorch sequence model.
 
-Public names only; see the README for examples.
+Public names only; see the README and docs/usage.md for examples.
 """
 
 from .engine import search

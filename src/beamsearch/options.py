@@ -147,7 +147,7 @@ class SearchOptions:
     output_logits: bool = False
     # speed
     remove_finished: bool = True  # finished examples leave the batch where that changes no result
-    # other toolkits' semantics (see the README's preset table)
+    # other toolkits' semantics (see the preset table in docs/semantics.md)
     semantics: str = "hf"  # "hf", "onmt", "t2t", "ct2": whose beam search (scoring and stopping) to run
     length_penalty_type: str | None = None  # "hf", "wu" (= "gnmt"), "avg", "none"; None: the preset's
     coverage_penalty: str = "none"  # "none", "wu", "summary" (needs cross-attention from the step)

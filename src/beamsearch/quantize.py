@@ -5,7 +5,7 @@ each matrix product. This is PyTorch's own eager-mode dynamic quantization (``to
 PyTorch has deprecated in favour of the separate ``torchao`` package but still ships; its warnings are silenced
 here. The search is unchanged: the quantized model is decoded like any other, so results equal transformers'
 ``generate`` on the same quantized model, and differ from the float32 model's by the quantization error
-(measured on the G2P test set in the README).
+(measured on the G2P test set, docs/advanced.md).
 """
 
 from __future__ import annotations
