@@ -11,6 +11,11 @@ import torch
 
 from ..results import SearchResult
 
+# The score of a masked beam or candidate (transformers' -1e9): large and finite, so that adding it keeps
+# arithmetic exact where -inf would give NaN (-inf - -inf), and a beam with it drops out of any top-k. One
+# constant for every strategy; the toolkits' own values (OpenNMT's -65504, tensor2tensor's 1e7) are theirs.
+MASK = -1.0e9
+
 
 class Processor(Protocol):
     """A logits processor: ``(input_ids [N, t], scores [N, V]) -> scores [N, V]`` (Hugging Face's protocol)."""

@@ -22,10 +22,9 @@ from ..ranking import PoolKeys, SequenceScorer, UniqueKey, score_candidates
 from ..results import FinishReason, SearchResult
 from ..selection import top_totals
 from ..stopping import classify_stop
-from .base import StepTrace
+from .base import MASK, StepTrace
 from .score_checks import ScoreWatch, check_enough_hypotheses, sample
 
-MASK = -1.0e9
 # [B, ...] tensors: all are compacted when examples leave; the finished pool is the result.
 _RESULTS = ("sequences", "scores", "beam_indices", "token_log_probs", "is_finished", "finish_reason")
 _PER_EXAMPLE = _RESULTS + ("running_sequences", "running_scores", "running_beam_indices",

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from ..beams import gather_beams
-from .beam import MASK, BeamSearch
+from .base import MASK
+from .beam import BeamSearch
 
 BANK_GAP = 1.0e4  # per unmet constraint, subtracted from the finished pool's ranking key (not from the scores)
 

@@ -37,10 +37,8 @@ from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..selection import top_totals
 from ..stopping import classify_stop
-from .base import StepTrace
+from .base import MASK, StepTrace
 from .score_checks import ScoreWatch, check_enough_hypotheses
-
-MASK = -1.0e9
 
 
 def ct2_max_hypotheses(num_beams: int, patience: float) -> int:

@@ -34,10 +34,9 @@ from ..beams import flat_parent_rows, flatten_beams, gather_beams
 from ..processors import ProcessorList
 from ..results import FinishReason, SearchResult
 from ..selection import top_totals
-from .base import StepTrace
+from .base import MASK, StepTrace
 from .score_checks import ScoreWatch
 
-MASK = -1.0e9  # the score of the beams that are not live at step 0 (as in transformers)
 EMPTY = float("-inf")  # the score of an empty place in a finished pool (only ever compared, never multiplied)
 
 
