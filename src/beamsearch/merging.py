@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
+def counterpart(ours: type) -> type | None:
+    """The Hugging Face class our class ``ours`` mirrors (transformers exports it under the same name), if
+    transformers is already imported; the core never imports it."""
+    found = getattr(sys.modules.get("transformers"), ours.__name__, None)
+    return found if isinstance(found, type) else None
+
+
+def foreign_class(module: str, name: str) -> type | None:
+    """A class of an optional package, only if that package is already imported (a caller's object of that
+    class cannot exist otherwise)."""
+    found = getattr(sys.modules.get(module), name, None)
+    return found if isinstance(found, type) else None
+
+
 def same_kind(custom: Any, default: Any) -> bool:
-    """Whether a user item replaces a built-in one: same type, or the Hugging Face class of that name."""
-    kind = type(custom)
-    if kind is type(default):
+    """Whether a user item replaces a built-in one: same type, or the Hugging Face class ours mirrors."""
+    if type(custom) is type(default):
         return True
-    return kind.__name__ == type(default).__name__ and kind.__module__.startswith("transformers.")
+    theirs = counterpart(type(default))
+    return theirs is not None and isinstance(custom, theirs)
 
 
 def merge_user_items(defaults: list[Any], custom: list[Any]) -> list[Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .merging import merge_user_items
+from .merging import counterpart, foreign_class, merge_user_items
 from .results import FinishReason
 
 __all__ = ["EosTokenCriteria", "FinishReason", "MaxLengthCriteria", "MaxTimeCriteria", "StopStringCriteria",
@@ -54,6 +54,12 @@ class MaxLengthCriteria:
                           stacklevel=2)
         return _full(input_ids, length >= self.max_length)
 
+
+
+def is_max_length_criterion(criterion: Any) -> bool:
+    """Ours or Hugging Face's max-length criterion (the t2t and limit logic read its ``max_length``)."""
+    theirs = counterpart(MaxLengthCriteria)
+    return isinstance(criterion, MaxLengthCriteria) or (theirs is not None and isinstance(criterion, theirs))
 
 class MaxTimeCriteria:
     """Stop every row once more than ``max_time`` seconds have passed since ``initial_timestamp``.
@@ -123,7 +129,8 @@ def _matching_mode(tokenizer: Any) -> str | None:
     decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
     if decoder is None:
         return None
-    if type(decoder).__name__ == "ByteLevel":
+    byte_level = foreign_class("tokenizers.decoders", "ByteLevel")
+    if byte_level is not None and isinstance(decoder, byte_level):
         return "byte_level"
     try:
         types = _decoder_types(json.loads(decoder.__getstate__()))
@@ -258,7 +265,7 @@ class StoppingCriteriaList(list):
     def max_length(self) -> int | None:
         """The ``max_length`` of the first max-length criterion (ours or Hugging Face's), else None."""
         for criterion in self:
-            if type(criterion).__name__ == "MaxLengthCriteria" and hasattr(criterion, "max_length"):
+            if is_max_length_criterion(criterion):
                 return criterion.max_length
         return None
 

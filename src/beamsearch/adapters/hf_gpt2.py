@@ -45,7 +45,9 @@ def lean_gpt2_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: 
     config = model.config
     if getattr(config, "model_type", None) != "gpt2":
         return f"model_type {getattr(config, 'model_type', None)!r} is not GPT-2"
-    if type(model).__name__ != "GPT2LMHeadModel":
+    from transformers import GPT2LMHeadModel  # only Hugging Face models reach this
+
+    if type(model) is not GPT2LMHeadModel:
         return f"{type(model).__name__} is not GPT2LMHeadModel"
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in ("eager", "sdpa"):

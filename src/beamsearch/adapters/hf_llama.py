@@ -54,7 +54,9 @@ def lean_llama_reason(model: Any, model_kwargs: dict[str, Any], needs_attention:
     config = model.config
     if getattr(config, "model_type", None) != "llama":
         return f"model_type {getattr(config, 'model_type', None)!r} is not Llama"
-    if type(model).__name__ != "LlamaForCausalLM":
+    from transformers import LlamaForCausalLM  # only Hugging Face models reach this
+
+    if type(model) is not LlamaForCausalLM:
         return f"{type(model).__name__} is not LlamaForCausalLM"
     return _config_reason(model) or call_reason(model, model_kwargs, needs_attention)
 

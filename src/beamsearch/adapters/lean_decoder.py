@@ -19,6 +19,8 @@ KNOWN_KWARGS = ("attention_mask", "position_ids", "past_key_values", "use_cache"
 
 def call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
     """Why a lean decoder-only step cannot run this call, whatever the architecture (None: it can)."""
+    from transformers import DynamicCache  # only Hugging Face models reach this
+
     if model.training:
         return "the model is in training mode (dropout)"
     if needs_attention:
@@ -34,7 +36,7 @@ def call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool)
     if mask is not None and mask.dim() != 2:
         return f"a {mask.dim()}-d attention_mask (the lean step takes a 2-d padding mask)"
     cache = model_kwargs.get("past_key_values")
-    if cache is not None and (type(cache).__name__ != "DynamicCache" or cache.get_seq_length() > 0):
+    if cache is not None and (type(cache) is not DynamicCache or cache.get_seq_length() > 0):
         return "past_key_values holds a cache to continue from"
     return None
 

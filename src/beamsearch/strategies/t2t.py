@@ -44,7 +44,7 @@ import torch
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
 from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
-from ..stopping import StoppingCriteriaList
+from ..stopping import StoppingCriteriaList, is_max_length_criterion
 from .base import StepTrace
 from .score_checks import ScoreWatch
 
@@ -261,4 +261,4 @@ def _without_length_limit(criteria):
     """The stopping criteria but the max-length one: under t2t the length limit ends the loop, not hypotheses."""
     if not isinstance(criteria, list):
         return criteria
-    return StoppingCriteriaList(c for c in criteria if type(c).__name__ != "MaxLengthCriteria")
+    return StoppingCriteriaList(c for c in criteria if not is_max_length_criterion(c))
