@@ -628,3 +628,22 @@ def test_owned_scores_are_not_changed_in_place_after_a_user_processor():
     got = run_processors(ProcessorList([user, bp.SuppressTokensLogitsProcessor([3])]), ids, scores, owned=True)
     assert torch.equal(kept[0], before)
     assert torch.isinf(got[:, 3]).all()
+
+
+def test_the_pipeline_records_which_processors_are_the_callers():
+    """build_processors marks the caller's processors (by position, kept by select_rows): after one of them the
+    scores are no longer assumed private; the built-ins around them are ours."""
+    from beamsearch.options import SearchOptions
+    from beamsearch.processors.pipeline import build_processors
+
+    def user(input_ids, scores):
+        return scores
+
+    options = SearchOptions.create(max_new_tokens=4, min_new_tokens=2, eos_token_id=1, suppress_tokens=[4],
+                                   do_sample=True, top_k=3, temperature=0.5)
+    processors = build_processors(options, prompt_length=1, user_processors=[user])
+    assert [i for i, p in enumerate(processors) if p is user] == sorted(processors.foreign) == [2]
+    from beamsearch.processors.pipeline import ProcessorList
+
+    kept = ProcessorList([bp.SuppressTokensLogitsProcessor([4]), bp.SuppressTokensLogitsProcessor([5])], foreign=[1])
+    assert kept.select_rows(torch.tensor([0])).foreign == {1}

@@ -40,7 +40,16 @@ Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class ProcessorList(list):
-    """A list of processors, itself a processor: applies each in order."""
+    """A list of processors, itself a processor: applies each in order.
+
+    ``foreign``: the positions of the caller's own processors (:func:`build_processors` records them), after
+    which the scores are no longer assumed private (see :func:`run_processors`). A list built elsewhere counts
+    every item as foreign.
+    """
+
+    def __init__(self, items: Iterable[Processor] = (), foreign: Iterable[int] | None = None):
+        super().__init__(items)
+        self.foreign = frozenset(range(len(self)) if foreign is None else foreign)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
@@ -50,7 +59,7 @@ class ProcessorList(list):
 
     def select_rows(self, index: torch.Tensor) -> ProcessorList:
         """The processors for the rows ``index`` only (see :func:`beamsearch.compaction.removal_is_exact`)."""
-        return ProcessorList(processor.select_rows(index) for processor in self)
+        return ProcessorList((processor.select_rows(index) for processor in self), self.foreign)
 
 
 def run_processors(processors: Processor, input_ids: torch.Tensor, scores: torch.Tensor, owned: bool) -> torch.Tensor:
@@ -63,12 +72,12 @@ def run_processors(processors: Processor, input_ids: torch.Tensor, scores: torch
     if not owned or not isinstance(processors, ProcessorList):
         return processors(input_ids, scores)
     owned = True
-    for processor in processors:
+    for position, processor in enumerate(processors):
         if owned and hasattr(processor, "mask_"):
             scores = processor.mask_(input_ids, scores)
         else:
             scores = processor(input_ids, scores)
-            owned = owned and type(processor).__module__.startswith("beamsearch.")
+            owned = owned and position not in processors.foreign
     return scores
 
 
@@ -167,7 +176,9 @@ def build_processors(
     if target_prefix is not None and not prefix_bias_beta:
         defaults.append(TargetPrefixLogitsProcessor(target_prefix, prompt_length))
 
-    processors = ProcessorList(merge_user_items(defaults, list(user_processors)))
+    user_processors = list(user_processors)
+    merged = merge_user_items(defaults, user_processors)
+    processors = ProcessorList(merged, [i for i, p in enumerate(merged) if any(p is u for u in user_processors)])
     if options.do_sample:
         processors.extend(_warpers(options))
     if options.renormalize_logits:

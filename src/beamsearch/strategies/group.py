@@ -279,4 +279,5 @@ class GroupBeamSearch:
 
 def _select_rows(processors, rows: torch.Tensor):
     """The processors for one group's rows (those with per-row state keep only these rows' state)."""
-    return ProcessorList(p.select_rows(rows) if callable(getattr(p, "select_rows", None)) else p for p in processors)
+    return ProcessorList((p.select_rows(rows) if callable(getattr(p, "select_rows", None)) else p for p in processors),
+                         getattr(processors, "foreign", None))
