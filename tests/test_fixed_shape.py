@@ -20,7 +20,7 @@ from test_lean_t5 import t5
 from tiny_hf import assert_generate_equivalent, compare_lean_steps, left_padded_inputs
 
 import beamsearch
-from beamsearch.adapters import hf as hf_adapter
+from beamsearch.adapters import hf_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,7 +42,7 @@ def attended(monkeypatch) -> list[tuple[int, ...]]:
         return keys, values
 
     monkeypatch.setattr(TimeMajorCache, "write", recording)
-    monkeypatch.setattr(hf_adapter.torch, "compile", lambda function, **kwargs: function)
+    monkeypatch.setattr(hf_steps.torch, "compile", lambda function, **kwargs: function)
     return read
 
 

@@ -18,6 +18,7 @@ from tiny_hf import (
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
+from beamsearch.adapters import hf_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -88,7 +89,7 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
     model = gpt2(seed=3)
     ids, mask = inputs(4, seed=3, length=30)
     calls, within = [], []
-    original_step, original_within = hf_adapter.lean_gpt2_step, LeanGPT2State._within_examples
+    original_step, original_within = hf_steps.lean_gpt2_step, LeanGPT2State._within_examples
 
     def counting(tokens, state):
         calls.append(tokens.shape)
@@ -98,7 +99,7 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
         within.append(original_within(state, index))
         return within[-1]
 
-    monkeypatch.setattr(hf_adapter, "lean_gpt2_step", counting)
+    monkeypatch.setattr(hf_steps, "lean_gpt2_step", counting)
     monkeypatch.setattr(LeanGPT2State, "_within_examples", recording)
     kwargs = dict(num_beams=4, max_new_tokens=12)
     lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)

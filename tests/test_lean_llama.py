@@ -22,6 +22,7 @@ from tiny_hf import (
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
+from beamsearch.adapters import hf_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -140,7 +141,7 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
     model = llama(seed=3)
     ids, mask = inputs(4, seed=3, length=30)
     calls, within = [], []
-    original_step, original_within = hf_adapter.lean_llama_step, LeanLlamaState._within_examples
+    original_step, original_within = hf_steps.lean_llama_step, LeanLlamaState._within_examples
 
     def counting(tokens, state):
         assert isinstance(state, LeanLlamaState)
@@ -151,7 +152,7 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
         within.append(original_within(state, index))
         return within[-1]
 
-    monkeypatch.setattr(hf_adapter, "lean_llama_step", counting)
+    monkeypatch.setattr(hf_steps, "lean_llama_step", counting)
     monkeypatch.setattr(LeanLlamaState, "_within_examples", recording)
     kwargs = dict(num_beams=4, max_new_tokens=12)
     lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)

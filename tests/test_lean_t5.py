@@ -10,6 +10,7 @@ from tiny_hf import assert_generate_equivalent
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
+from beamsearch.adapters import hf_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,13 +70,13 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
     model = t5(seed=3)
     ids, mask = inputs(6, seed=3)
     calls = []
-    original = hf_adapter.lean_t5_step
+    original = hf_steps.lean_t5_step
 
     def counting(tokens, state):
         calls.append(tokens.shape)
         return original(tokens, state)
 
-    monkeypatch.setattr(hf_adapter, "lean_t5_step", counting)
+    monkeypatch.setattr(hf_steps, "lean_t5_step", counting)
     lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, num_beams=4, max_new_tokens=12)
     assert calls, "the default did not use the lean step"
     calls.clear()
@@ -132,14 +133,14 @@ def test_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> None:
         model.lm_head.weight[1] *= 1.5
     ids, mask = inputs(4, seed=6)
     rows = {}
-    original = hf_adapter.lean_t5_step
+    original = hf_steps.lean_t5_step
 
     def recording(tokens, state):
         out = original(tokens, state)
         rows.setdefault(tokens.shape[0], tuple(state.cross_keys[0].shape))  # after the step: expanded or not
         return out
 
-    monkeypatch.setattr(hf_adapter, "lean_t5_step", recording)
+    monkeypatch.setattr(hf_steps, "lean_t5_step", recording)
     for beams in (1, 6):
         kwargs = dict(num_beams=beams, max_new_tokens=16, do_sample=False, early_stopping=early_stopping,
                       return_dict_in_generate=True, output_scores=beams == 1)

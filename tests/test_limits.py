@@ -152,7 +152,8 @@ def test_hf_adapter_applies_the_preset_only_to_unset_options():
     pytest.importorskip("transformers")
     from tiny_hf import tiny_model
 
-    from beamsearch.adapters.hf import _options_from_config, _prepare
+    from beamsearch.adapters.hf_inputs import prepare as _prepare
+    from beamsearch.adapters.hf_options import options_from_config as _options_from_config
 
     model = tiny_model("t5")
     source = torch.randint(2, 40, (1, 5))

@@ -15,7 +15,9 @@ import torch
 from ..engine import search
 from ..ensemble import ensemble_step
 from ..results import SearchResult
-from .hf import _REJECTED_ARGUMENTS, _fill_token, _model_step, _options_from_config, _pop_search_arguments, _prepare
+from .hf_inputs import REJECTED_ARGUMENTS, prepare
+from .hf_options import fill_token, options_from_config, pop_search_arguments
+from .hf_steps import model_step
 
 
 @torch.no_grad()
@@ -46,21 +48,21 @@ def search_ensemble(
     kinds = {bool(m.config.is_encoder_decoder) for m in models}
     if len(kinds) > 1:
         raise ValueError("an ensemble must be all encoder-decoder or all decoder-only models")
-    for name in (*_REJECTED_ARGUMENTS, "max_rows"):
+    for name in (*REJECTED_ARGUMENTS, "max_rows"):
         if kwargs.get(name) is not None:
             raise ValueError(f"argument {name!r} is not supported with an ensemble")
-    search_arguments, lean, toolkit = _pop_search_arguments(kwargs)
-    setups = [_prepare(model, inputs, generation_config, dict(kwargs)) for model in models]
+    search_arguments, lean, toolkit = pop_search_arguments(kwargs)
+    setups = [prepare(model, inputs, generation_config, dict(kwargs)) for model in models]
     first = setups[0]
     for i, setup in enumerate(setups[1:], 1):
         if not torch.equal(setup["input_ids"], first["input_ids"]):
             raise ValueError(f"ensemble model {i} starts decoding from other tokens than model 0 (decoder start "
                              "token or prompt): the models must share the tokenizer")
     config = first["generation_config"]
-    options = _options_from_config(config, toolkit, first["has_default_max_length"])
+    options = options_from_config(config, toolkit, first["has_default_max_length"])
     if options.coverage_penalty != "none":
         raise ValueError("coverage penalties are not supported with an ensemble")
-    members = [_model_step(m, s["model_kwargs"], s["generation_config"], options,
+    members = [model_step(m, s["model_kwargs"], s["generation_config"], options,
                            search_arguments["output_alignments"], **lean) for m, s in zip(models, setups, strict=True)]
     step = ensemble_step([member_step for member_step, _ in members], mode, weights)
     return search(
@@ -70,6 +72,6 @@ def search_ensemble(
         padding_lengths=first["padding_lengths"],
         source_lengths=first["source_lengths"],
         options=options,
-        fill_token_id=_fill_token(config, options),
+        fill_token_id=fill_token(config, options),
         **search_arguments,
     )

@@ -1,0 +1,202 @@
+"""Step selection for the Hugging Face adapter: the lean T5 / GPT-2 / Llama steps where they apply, else the
+generic step that calls ``model(...)`` with the cache transformers made, reordered through its own API.
+
+Legend: B batch, K rows per example, N = B*K, V vocabulary, t tokens so far.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
+from .hf_llama import LeanLlamaState, lean_llama_reason, lean_llama_step
+from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
+
+
+class HFState:
+    """The model kwargs of a Hugging Face model between steps: cache, masks, encoder outputs.
+
+    The first ``reorder(index)`` (the expansion of the B examples to their beams) is deferred until
+    the prefill has run once per example; then the cache and every row-indexed tensor (rows first;
+    3-d ``position_ids`` on dim 1) are expanded. Every later reorder only permutes rows within an
+    example, so what is equal across an example's beams (encoder outputs, its mask, the
+    cross-attention keys and values) keeps its order and only the self-attention cache and the
+    decoder-side tensors are gathered, unless the index has fewer rows (finished examples left the
+    batch): then everything row-indexed is gathered.
+    """
+
+    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, exact: bool = False):
+        self.model = model
+        self.model_kwargs = model_kwargs
+        self.generation_config = generation_config
+        self.exact = exact  # exact_parity: every row computed as transformers computes it (see generate)
+        self.prefilled = False
+        self.expansion: torch.Tensor | None = None  # [N] example of each row, until the prefill applies it
+        self.rows: int | None = None  # rows in the cache and tensors, once prefilled
+        self.return_attention = False  # coverage penalties: also return the last layer's cross-attention
+
+    def reorder(self, index: torch.Tensor) -> HFState:
+        if not self.prefilled and not self.exact:
+            self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
+            return self
+        within_examples = index.shape[0] == self.rows and not self.exact
+        self.rows = index.shape[0]
+        self._gather(index, within_examples=within_examples)
+        return self
+
+    def _gather(self, index: torch.Tensor, within_examples: bool) -> None:
+        for key, value in list(self.model_kwargs.items()):
+            if key == "cache_position" or value is None:
+                continue
+            if hasattr(value, "reorder_cache"):
+                if value.get_seq_length() > 0:
+                    if within_examples and hasattr(value, "self_attention_cache"):
+                        value.self_attention_cache.reorder_cache(index)
+                    else:
+                        value.reorder_cache(index)
+            elif key == "encoder_outputs":
+                if within_examples or (self.exact and self.prefilled):  # the cross-attention cache holds them
+                    continue
+                for name, tensor in list(value.items()):
+                    if isinstance(tensor, torch.Tensor):
+                        value[name] = tensor.index_select(0, index)
+            elif isinstance(value, torch.Tensor) and value.dim() > 0:
+                if within_examples and key == "attention_mask" and self.model.config.is_encoder_decoder:
+                    continue
+                dim = 1 if key == "position_ids" and value.dim() == 3 else 0
+                self.model_kwargs[key] = value.index_select(dim, index)
+
+
+def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState]:
+    """One forward of the model on the new tokens (the whole prompt first, then one token with the cache).
+
+    The prompt is run once per example (its beams' rows are identical then), and the results are
+    expanded to the beams afterwards; with ``exact_parity`` the state is expanded first and the prompt runs on
+    every row, as in transformers.
+    """
+    model, kwargs = state.model, state.model_kwargs
+    expansion = None
+    if not state.prefilled:
+        expansion = state.expansion
+        if expansion is not None:
+            first = torch.searchsorted(expansion, torch.arange(int(expansion.max()) + 1, device=expansion.device))
+            tokens = tokens.index_select(0, first)  # one row per example
+        outputs = model._prefill(tokens, state.generation_config, kwargs)
+        state.prefilled = True
+    else:
+        next_length = 1 if kwargs.get("use_cache", True) else None
+        inputs = model.prepare_inputs_for_generation(tokens, next_sequence_length=next_length, **kwargs)
+        outputs = model(**inputs, return_dict=True)
+    state.model_kwargs = model._update_model_kwargs_for_generation(
+        outputs, kwargs, is_encoder_decoder=model.config.is_encoder_decoder
+    )
+    logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=tokens.device)  # [rows, V]
+    attention = None
+    if state.return_attention:
+        attention = outputs.cross_attentions[-1][:, :, -1, :].mean(dim=1).float()  # [rows, S], heads averaged
+    if expansion is not None:
+        state._gather(expansion, within_examples=False)
+        logits = logits.index_select(0, expansion.to(logits.device))  # [N, V]
+        attention = None if attention is None else attention.index_select(0, expansion.to(attention.device))
+    state.rows = logits.shape[0]
+    return (logits, state) if attention is None else (logits, state, attention)
+
+
+hf_step.fresh_logits = True  # a copy of the model's output (see loop.decode)
+
+
+def model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False,
+                compile_step=False, exact_parity=False):
+    """The step function and state: a lean step (T5, GPT-2, Llama) where one applies (``lean_step`` None or True),
+    else the generic one that calls ``model(...)``. ``share_encoder_state`` (lean T5 step only): an example's beams
+    attend to its cross-attention keys and values in one kernel call (not bitwise). ``compile_step``: the lean
+    step's decoder runs under ``torch.compile`` (``True``: dynamic shapes; ``"static"``: the fixed-shape step, the
+    same shapes at every step). ``exact_parity``: the generic step on transformers' rows (prompt and cache on every
+    beam's row, the whole cache reordered), so that each forward has the shapes of ``model.generate``'s."""
+    if lean_step is not None and not isinstance(lean_step, bool):
+        raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
+    if not isinstance(share_encoder_state, bool):
+        raise ValueError(f"share_encoder_state must be True or False, got {share_encoder_state!r}")
+    if not isinstance(compile_step, bool) and compile_step != "static":
+        raise ValueError(f"compile_step must be True, False or 'static', got {compile_step!r}")
+    fixed_shape = compile_step == "static"
+    if exact_parity:
+        for name, value in (("lean_step", lean_step), ("share_encoder_state", share_encoder_state),
+                            ("compile_step", compile_step)):
+            if value:
+                raise ValueError(f"exact_parity=True runs the generic step as transformers does: it cannot be "
+                                 f"combined with {name}={value!r}")
+        lean_step = False
+    if lean_step is False:
+        reason = "lean_step=False was given"
+    else:
+        step, state, reason = _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state,
+                                         fixed_shape)
+        if reason is None:
+            if compile_step:
+                state.decode = torch.compile(state.decode, dynamic=None if fixed_shape else True,
+                                             **compile_options())
+            return step, state
+    if share_encoder_state:
+        raise ValueError(f"share_encoder_state=True needs the lean T5 step, which cannot run this call: {reason}")
+    if compile_step:
+        raise ValueError(f"compile_step={compile_step!r} needs a lean step (T5, GPT-2, Llama), which cannot run this "
+                         f"call: {reason}")
+    if lean_step:
+        raise ValueError(f"lean_step=True cannot run this call: {reason}")
+    state = HFState(model, model_kwargs, config, exact=exact_parity)
+    if needs_attention:
+        request_cross_attention(model, state)
+    return hf_step, state
+
+
+def _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state, fixed_shape=False):
+    """The lean step and its state for this model and call: ``(step, state, None)``, or ``(None, None, why not)``.
+    ``fixed_shape``: the state's ``decode`` takes the position as a tensor (``compile_step="static"``)."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type == "gpt2" and not share_encoder_state:
+        reason = lean_gpt2_reason(model, model_kwargs, needs_attention)
+        if reason is None:
+            state = LeanGPT2State(model, model_kwargs, config, options.max_length, fixed_shape=fixed_shape)
+            return lean_gpt2_step, state, None
+    elif model_type == "llama" and not share_encoder_state:
+        reason = lean_llama_reason(model, model_kwargs, needs_attention)
+        if reason is None:
+            state = LeanLlamaState(model, model_kwargs, config, options.max_length, fixed_shape=fixed_shape)
+            return lean_llama_step, state, None
+    else:
+        reason = lean_t5_reason(model, model_kwargs, needs_attention)
+        if reason is None:
+            encoded = model_kwargs["encoder_outputs"].last_hidden_state
+            state = LeanT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length,
+                                share_encoder_state=share_encoder_state, fixed_shape=fixed_shape)
+            return lean_t5_step, state, None
+    return None, None, reason
+
+
+def request_cross_attention(model: Any, state: HFState) -> None:
+    """Coverage penalties and alignments need the decoder's attention over the source at every step."""
+    if not model.config.is_encoder_decoder:
+        raise ValueError("coverage_penalty / output_alignments need an encoder-decoder model (attention over a "
+                         "source)")
+    implementation = getattr(model.config, "_attn_implementation", "eager")
+    if implementation != "eager":
+        raise ValueError(
+            f"coverage_penalty / output_alignments need attention weights, which {implementation!r} attention "
+            "does not return: "
+            "load the model with attn_implementation='eager'"
+        )
+    state.model_kwargs["output_attentions"] = True
+    state.return_attention = True
+
+
+def compile_options() -> dict[str, Any]:
+    """Inductor options for ``compile_step``: its C++ kernels use the vector width ``ATEN_CPU_CAPABILITY`` asks
+    ATen for. Inductor picks the CPU's widest ISA on its own while its vector headers follow ATen's capability;
+    with torch 2.13 the mismatch fails to compile (``default``: ``at::vec`` not declared) or, worse, computes
+    garbage (``avx2`` on an AVX-512 CPU: scores off by 1e24)."""
+    width = {"default": 1, "avx2": 256, "avx512": 512}.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower())
+    return {"options": {"cpp.simdlen": width}} if width else {}
