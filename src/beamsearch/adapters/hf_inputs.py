@@ -1,10 +1,23 @@
 """Input preparation for the Hugging Face adapter: everything ``model.generate`` does before its decoding loop.
 
-The model's own preparation methods (generation config merging, special tokens, attention masks, encoder run,
-decoder start tokens, cache creation) are called in the order ``model.generate`` calls them, so every model
-family keeps its quirks. Several are private (``model._prepare_generation_config``, ``_prepare_special_tokens``,
-...): transformers has no public API for these steps of ``generate``, and calling its own keeps the semantics
-exact.
+The model's own preparation methods are called in the order ``model.generate`` calls them, so every model
+family keeps its quirks. transformers has no public API for these steps of ``generate`` (only ``generate``
+itself, which also decodes), so the private ``GenerationMixin`` methods are used, each for one step:
+
+- ``_prepare_generation_config``: the model's generation config, the one passed and the kwargs merged with
+  generate's precedence and model defaults (also used by ``max_rows`` in ``hf.py``);
+- ``_validate_model_kwargs``: kwargs the model does not take refused with transformers' messages;
+- ``_prepare_model_inputs``: input_ids, inputs_embeds or the encoder's main input, per model;
+- ``_prepare_special_tokens``: bos / eos / pad / decoder start tensors with generate's fallbacks (read back
+  as ``config._*_token_tensor`` in ``hf_options.py``);
+- ``_prepare_attention_mask_for_generation``, ``_prepare_position_ids_for_generation``: the default mask and
+  positions generate derives;
+- ``_maybe_prepare_encoder_kwargs_for_generation``: the encoder run as generate runs it;
+- ``_prepare_decoder_input_ids_for_generation``: the decoder start tokens;
+- ``_prepare_generated_length``, ``_validate_generated_length``: max / min length resolution and its checks;
+- ``_supports_logits_to_keep``, ``_prepare_cache_for_generation``: the cache and logits slicing generate sets
+  up. (``hf_steps.py`` calls ``_update_model_kwargs_for_generation`` after each generic step, for the same
+  reason.)
 """
 
 from __future__ import annotations
