@@ -15,11 +15,8 @@ from .ranking import check_ranking
 from .results import SearchResult
 from .stopping import build_stopping_criteria
 from .strategies.base import StepTrace
-from .strategies.beam import BeamSearch
-from .strategies.constrained import ConstrainedBeamSearch, parse_constraints
-from .strategies.group import GroupBeamSearch
-from .strategies.sampling import SamplingSearch
-from .strategies.stochastic import StochasticBeamSearch
+from .strategies.constrained import parse_constraints
+from .strategies.registry import Request, check, choose
 
 
 def search(
@@ -100,103 +97,57 @@ def search(
         raise ValueError(f"pass options either as `options` or as keywords, not both: {sorted(kwargs)}")
     _check_input_ids(input_ids)
     batch_size, prompt_length = input_ids.shape
-    max_length = options.resolved_max_length(prompt_length)
     rows = options.num_beams if options.num_beams > 1 else options.num_return_sequences
-    if padding_lengths is not None:
-        padding_lengths = padding_lengths.repeat_interleave(rows)
-    row_source_lengths = None
+    per_row = _per_row(batch_size, rows, input_ids.device, padding_lengths, source_lengths, target_prefix,
+                       encoder_input_ids)
+    processors = build_processors(
+        options, prompt_length, per_row["padding_lengths"], list(logits_processor),
+        source_lengths=per_row["source_lengths"], prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+        target_prefix=per_row["target_prefix"], prefix_bias_beta=_check_bias(prefix_bias_beta, target_prefix),
+        encoder_input_ids=per_row["encoder_input_ids"],
+    )
+    criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
+    request = Request(
+        input_ids, options, options.resolved_max_length(prompt_length), processors, criteria,
+        fill=options.output_fill_token if fill_token_id is None else fill_token_id,
+        trace=StepTrace(options.output_scores, options.output_logits), rows=rows, removal=False,
+        source_lengths=None if source_lengths is None else per_row["examples_source_lengths"],
+        constraints=None if force_words_ids is None else parse_constraints(force_words_ids),
+        sequence_scorer=sequence_scorer, unique_key=check_ranking(sequence_scorer, unique),
+        output_alignments=output_alignments, target_prefix=target_prefix, prefix_bias_beta=prefix_bias_beta,
+    )
+    check(request)
+    # finished examples leave the batch when that cannot change a result (sampling would draw differently,
+    # per-step scores would miss rows, a constrained or de-duplicated pool keeps state of its own)
+    request.removal = (options.remove_finished and not options.do_sample and not options.output_scores
+                       and not options.output_logits and request.constraints is None and request.unique_key is None
+                       and removal_is_exact(processors, criteria))
+    return decode(step, state, choose(request), batch_size)
+
+
+def _per_row(batch_size: int, rows: int, device: torch.device, padding_lengths: Any, source_lengths: Any,
+             target_prefix: Any, encoder_input_ids: Any) -> dict[str, Any]:
+    """The per-example arguments checked and repeated for each of an example's ``rows`` rows."""
+    out: dict[str, Any] = {"padding_lengths": None if padding_lengths is None
+                           else padding_lengths.repeat_interleave(rows),
+                           "source_lengths": None, "examples_source_lengths": None, "target_prefix": None,
+                           "encoder_input_ids": None}
     if source_lengths is not None:
-        source_lengths = torch.as_tensor(source_lengths, dtype=torch.long, device=input_ids.device)
+        source_lengths = torch.as_tensor(source_lengths, dtype=torch.long, device=device)
         if source_lengths.shape != (batch_size,):
             raise ValueError(f"source_lengths must have shape [B={batch_size}], got {tuple(source_lengths.shape)}")
-        row_source_lengths = source_lengths.repeat_interleave(rows)
-    row_prefixes = None
+        out["examples_source_lengths"] = source_lengths
+        out["source_lengths"] = source_lengths.repeat_interleave(rows)
     if target_prefix is not None:
         if len(target_prefix) != batch_size or any(isinstance(p, (str, int)) for p in target_prefix):
             raise ValueError(f"target_prefix must hold one list of token ids per example ({batch_size})")
-        if options.semantics == "ct2" and options.num_beams > 1 and not prefix_bias_beta:
-            raise ValueError("target_prefix with semantics='ct2' and num_beams > 1 is not supported: CTranslate2's "
-                             "beam search after a prefix is not reproduced yet (greedy is)")
-        row_prefixes = [list(p) for p in target_prefix for _ in range(rows)]
-    row_sources = None
+        out["target_prefix"] = [list(p) for p in target_prefix for _ in range(rows)]
     if encoder_input_ids is not None:
         if not isinstance(encoder_input_ids, torch.Tensor) or encoder_input_ids.dim() != 2 \
                 or encoder_input_ids.shape[0] != batch_size:
             raise ValueError(f"encoder_input_ids must be a LongTensor of shape [B={batch_size}, S]")
-        row_sources = encoder_input_ids.repeat_interleave(rows, dim=0)
-    processors = build_processors(
-        options, prompt_length, padding_lengths, list(logits_processor), source_lengths=row_source_lengths,
-        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, target_prefix=row_prefixes,
-        prefix_bias_beta=_check_bias(prefix_bias_beta, target_prefix), encoder_input_ids=row_sources,
-    )
-    criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
-    trace = StepTrace(options.output_scores, options.output_logits)
-    fill = options.output_fill_token if fill_token_id is None else fill_token_id
-    hf_beams = options.semantics == "hf" and options.num_beam_groups == 1  # the strategy of beam.py
-    unique_key = check_ranking(sequence_scorer, unique)
-    if output_alignments and options.num_beams > 1 and not hf_beams:
-        raise ValueError("output_alignments needs semantics='hf' and no beam groups")
-    if (sequence_scorer is not None or unique_key is not None) and not (hf_beams and options.num_beams > 1):
-        raise ValueError("sequence_scorer and unique need beam search (num_beams > 1) with semantics='hf' and "
-                         "no beam groups")
-    constraints = None
-    if force_words_ids is not None:
-        constraints = parse_constraints(force_words_ids)
-        if not (hf_beams and options.num_beams > 1) or options.do_sample:
-            raise ValueError("force_words_ids needs beam search (num_beams > 1, do_sample=False) with "
-                             "semantics='hf' and no beam groups")
-    # finished examples leave the batch when that cannot change a result (sampling would draw differently,
-    # per-step scores would miss rows, a constrained or de-duplicated pool keeps state of its own)
-    removal = (options.remove_finished and not options.do_sample and not options.output_scores
-               and not options.output_logits and constraints is None and unique_key is None
-               and removal_is_exact(processors, criteria))
-    common = dict(
-        do_sample=options.do_sample,
-        eos_token_id=options.eos_token_id,
-        length_penalty=options.length_penalty,
-        trace=trace,
-    )
-    if options.stochastic_beam_search:
-        if sequence_scorer is not None or unique_key is not None or output_alignments or constraints is not None:
-            raise ValueError("stochastic_beam_search cannot be combined with sequence_scorer, unique, "
-                             "output_alignments or force_words_ids")
-        strategy = StochasticBeamSearch(
-            input_ids, options.num_beams, max_length, processors, criteria, eos_token_id=options.eos_token_id,
-            fill_token_id=fill, temperature=options.temperature, num_return_sequences=options.num_return_sequences,
-            trace=trace,
-        )
-    elif options.num_beams > 1 and options.semantics != "hf":
-        strategy = toolkit_strategy(options.semantics)(
-            input_ids, max_length, processors, criteria,
-            options=options, fill_token_id=fill, trace=trace, source_lengths=source_lengths,
-        )
-    elif options.num_beam_groups > 1:
-        strategy = GroupBeamSearch(
-            input_ids, options.num_beams, options.num_beam_groups, options.diversity_penalty, max_length, processors,
-            criteria, eos_token_id=options.eos_token_id, pad_token_id=options.output_fill_token, fill_token_id=fill,
-            length_penalty=options.length_penalty, early_stopping=options.early_stopping,
-            num_return_sequences=options.num_return_sequences, trace=trace,
-        )
-    elif constraints is not None:
-        strategy = ConstrainedBeamSearch(
-            input_ids, options.num_beams, max_length, processors, criteria, constraints=constraints,
-            fill_token_id=fill, early_stopping=options.early_stopping,
-            num_return_sequences=options.num_return_sequences, sequence_scorer=sequence_scorer,
-            unique_key=unique_key, output_alignments=output_alignments, **common,
-        )
-    elif options.num_beams > 1:
-        strategy = BeamSearch(
-            input_ids, options.num_beams, max_length, processors, criteria,
-            fill_token_id=fill, early_stopping=options.early_stopping,
-            num_return_sequences=options.num_return_sequences, remove_finished=removal,
-            sequence_scorer=sequence_scorer, unique_key=unique_key, output_alignments=output_alignments, **common,
-        )
-    else:
-        strategy = SamplingSearch(
-            input_ids, rows, max_length, processors, criteria, pad_token_id=fill, remove_finished=removal,
-            output_alignments=output_alignments, **common,
-        )
-    return decode(step, state, strategy, batch_size)
+        out["encoder_input_ids"] = encoder_input_ids.repeat_interleave(rows, dim=0)
+    return out
 
 
 def _check_bias(beta: float, target_prefix: Any) -> float:
@@ -207,21 +158,6 @@ def _check_bias(beta: float, target_prefix: Any) -> float:
     if target_prefix is None:
         raise ValueError("prefix_bias_beta needs a target_prefix to bias toward")
     return float(beta)
-
-
-def toolkit_strategy(semantics: str) -> type:
-    """The beam search class reproducing one toolkit's scoring and stopping."""
-    if semantics == "t2t":
-        from .strategies.t2t import T2TBeamSearch
-
-        return T2TBeamSearch
-    if semantics == "onmt":
-        from .strategies.onmt import ONMTBeamSearch
-
-        return ONMTBeamSearch
-    from .strategies.ct2 import CT2BeamSearch
-
-    return CT2BeamSearch
 
 
 def _check_input_ids(input_ids: Any) -> None:
