@@ -16,7 +16,8 @@ from tiny_hf import VOCAB, _configs
 
 from beamsearch import selection
 from beamsearch.adapters.hf import search_model
-from beamsearch.strategies.ct2 import ct2_length_normalised, ct2_max_hypotheses
+from beamsearch.scoring import ct2_length_normalised
+from beamsearch.strategies.ct2 import ct2_max_hypotheses
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 pytest.importorskip("tokenizers")

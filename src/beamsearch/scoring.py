@@ -1,4 +1,4 @@
-"""Length and coverage penalties of the toolkits (GNMT / OpenNMT / tensor2tensor / transformers).
+"""Length and coverage penalties of the toolkits (GNMT / OpenNMT / tensor2tensor / transformers / CTranslate2).
 
 Length penalties return the divisor of a summed log-prob; coverage penalties return an amount to
 subtract from a score. ``length`` is whatever the calling search counts (documented there).
@@ -8,7 +8,26 @@ Legend: ``[...]`` any leading shape, S source positions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+
+def hf_length_normalised(sum_log_probs: torch.Tensor, generated: Any, length_penalty: float) -> torch.Tensor:
+    """transformers' beam score: ``sum_log_probs / generated ** length_penalty``, in that order of operations
+    (``generated``: a Python number or a tensor of generated lengths; the dtype is the caller's)."""
+    return sum_log_probs / (generated**length_penalty)
+
+
+def ct2_length_normalised(sum_log_probs: torch.Tensor, lengths: torch.Tensor, length_penalty: float) -> torch.Tensor:
+    """CTranslate2's final score: ``sum_log_probs / length ** length_penalty`` (float32; ``0 ** 0 = 1``).
+
+    Args:
+        sum_log_probs: FloatTensor ``[...]``.
+        lengths: LongTensor ``[...]``, generated tokens, the end token included.
+        length_penalty: the exponent.
+    """
+    return sum_log_probs / torch.pow(lengths.to(torch.float32), length_penalty)
 
 
 def length_penalty(kind: str, length: int | float, alpha: float) -> float:

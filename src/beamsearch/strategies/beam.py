@@ -20,6 +20,7 @@ from ..compaction import ActiveExamples
 from ..processors.pipeline import run_processors
 from ..ranking import PoolKeys, SequenceScorer, UniqueKey, score_candidates
 from ..results import FinishReason, SearchResult
+from ..scoring import hf_length_normalised
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import MASK, StepTrace
@@ -212,7 +213,7 @@ class BeamSearch:
         just_finished = self.hits & self.top_k_mask[None, :]  # [B, C]
         generated = self.length + 1 - self.prompt_length
         if self.scorer is None:
-            penalised = scores / (generated**self.length_penalty)
+            penalised = hf_length_normalised(scores, generated, self.length_penalty)
         else:
             hooked = score_candidates(self.scorer, sequences, token_log_probs, self.prompt_length, generated)
             penalised = torch.where(scores > MASK / 2, hooked, scores)  # masked beams' candidates stay masked

@@ -35,6 +35,7 @@ import torch
 from ..beams import flatten_beams, gather_beams, unflatten_beams
 from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
+from ..scoring import ct2_length_normalised
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import MASK, StepTrace
@@ -44,17 +45,6 @@ from .score_checks import ScoreWatch, check_enough_hypotheses
 def ct2_max_hypotheses(num_beams: int, patience: float) -> int:
     """How many hypotheses end the search of an example: ``round(K * patience)`` (half away from zero)."""
     return int(math.floor(num_beams * patience + 0.5))
-
-
-def ct2_length_normalised(sum_log_probs: torch.Tensor, lengths: torch.Tensor, length_penalty: float) -> torch.Tensor:
-    """CTranslate2's final score: ``sum_log_probs / length ** length_penalty`` (float32; ``0 ** 0 = 1``).
-
-    Args:
-        sum_log_probs: FloatTensor ``[...]``.
-        lengths: LongTensor ``[...]``, generated tokens, the end token included.
-        length_penalty: the exponent.
-    """
-    return sum_log_probs / torch.pow(lengths.to(torch.float32), length_penalty)
 
 
 class CT2BeamSearch:

@@ -33,6 +33,7 @@ import torch
 from ..beams import flat_parent_rows, flatten_beams, gather_beams
 from ..processors import ProcessorList
 from ..results import FinishReason, SearchResult
+from ..scoring import hf_length_normalised
 from ..selection import top_totals
 from .base import MASK, StepTrace
 from .score_checks import ScoreWatch
@@ -173,7 +174,7 @@ class GroupBeamSearch:
         beam_indices[:, :, position] = self._global_rows(parents + group * self.group_size)
         log_probs = gather_beams(self.running_token_log_probs[:, beams], parents)  # [B, S, P]
         log_probs[:, :, position] = token_log_probs
-        penalised = scores.to(self.pool_dtype) / ((position + 1) ** self.length_penalty)
+        penalised = hf_length_normalised(scores.to(self.pool_dtype), position + 1, self.length_penalty)
         penalised = torch.where(finishing, penalised, EMPTY)
         reasons = torch.full_like(tokens, int(FinishReason.EOS))
         groups = slice(group, group + 1)
@@ -211,7 +212,7 @@ class GroupBeamSearch:
                 length = self.max_length - self.prompt_length
             else:
                 length = self.length + 1 - self.prompt_length
-            best = best_scores.to(self.pool_dtype) / (length**self.length_penalty)
+            best = hf_length_normalised(best_scores.to(self.pool_dtype), length, self.length_penalty)
             worst = torch.min(self.pool_scores[:, group], dim=1)[0]
             verdict = full & (worst >= best)
         self.group_done[:, group] |= verdict
@@ -241,7 +242,8 @@ class GroupBeamSearch:
         """The live beams of the groups not done enter their pools, scored at their length (4.x's finalize)."""
         b, g, s = self.batch_size, self.num_groups, self.group_size
         generated = self.length - self.prompt_length
-        scores = self.running_scores.reshape(b, g, s).to(self.pool_dtype) / (max(generated, 1) ** self.length_penalty)
+        scores = hf_length_normalised(self.running_scores.reshape(b, g, s).to(self.pool_dtype), max(generated, 1),
+                                      self.length_penalty)
         scores = torch.where(self.group_done[:, :, None], EMPTY, scores)
         reason = FinishReason.MAX_LENGTH if self.length >= self.max_length else FinishReason.STOP_CRITERION
         reasons = torch.full((b, g, s), int(reason), dtype=torch.long, device=scores.device)

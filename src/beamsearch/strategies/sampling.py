@@ -16,6 +16,7 @@ from ..beams import unflatten_beams
 from ..compaction import ActiveExamples
 from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
+from ..scoring import hf_length_normalised
 from ..stopping import classify_stop
 from .base import StepTrace
 from .score_checks import ScoreWatch, sample
@@ -148,7 +149,7 @@ class SamplingSearch:
         finish_reason = torch.where(self.unfinished, int(FinishReason.NONE), self.finish_reason)
         return SearchResult(
             sequences=unflatten_beams(self.tokens(), b),
-            sequences_scores=unflatten_beams(sum_log_probs / generated**self.length_penalty, b),
+            sequences_scores=unflatten_beams(hf_length_normalised(sum_log_probs, generated, self.length_penalty), b),
             sum_log_probs=unflatten_beams(sum_log_probs, b),
             token_log_probs=unflatten_beams(self.token_log_probs[:, : self.length - self.prompt_length], b),
             lengths=unflatten_beams(self.lengths, b),

@@ -44,21 +44,12 @@ import torch
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
 from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
+from ..scoring import length_penalty
 from ..stopping import StoppingCriteriaList, is_max_length_criterion
 from .base import StepTrace
 from .score_checks import ScoreWatch
 
 INF = 1.0e7  # tensor2tensor's "infinity": finite, so that -INF * 0 is 0
-
-
-def gnmt_length_penalty(length: int | float, alpha: float) -> float:
-    """GNMT's length penalty ``((5 + length) / 6) ** alpha`` (Wu et al. 2016, eq. 14; t2t's ``grow_topk``).
-
-    Args:
-        length: generated tokens, the end token included.
-        alpha: the penalty's exponent (0 turns it off).
-    """
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 def stable_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +149,7 @@ class T2TBeamSearch:
         """The top C extensions of the alive beams by penalised score. ``log_probs`` is ``[B, K, V]``."""
         b, k, vocab = log_probs.shape
         totals = (log_probs + self.alive_log_probs[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
-        penalty = gnmt_length_penalty(self.step + 1, self.alpha)
+        penalty = length_penalty("wu", self.step + 1, self.alpha)
         scores, flat = top_k_in_index_order(totals / penalty, min(self.num_candidates, k * vocab))  # [B, C]
         self.watch.flag(torch.isnan(scores).any(dim=1))  # a NaN in any of the example's rows is ranked first
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
@@ -204,7 +195,7 @@ class T2TBeamSearch:
         """t2t's ``_is_not_finished``, negated (one host synchronisation)."""
         if self.step >= self.decode_length:
             return True
-        lower_bound_alive_scores = self.alive_log_probs[:, 0] / gnmt_length_penalty(self.decode_length, self.alpha)
+        lower_bound_alive_scores = self.alive_log_probs[:, 0] / length_penalty("wu", self.decode_length, self.alpha)
         if self.stop_early:
             finished_bound = self.finished_scores.max(dim=1)[0]  # [B]: the best finished
         else:
