@@ -707,3 +707,14 @@ def test_a_model_returning_nan_is_a_runtime_error(tmp_path, capsys, monkeypatch)
     assert main(["decode", f, "--batch-size", "2", "--output", str(out)]) == 1
     assert capsys.readouterr().err == "beamsearch: error: the model's logits hold NaN at step 3 (example 1)\n"
     assert len((tmp_path / "out.txt.partial").read_text().splitlines()) == 2
+
+
+def test_stdin_to_an_output_file(tmp_path, capsys, monkeypatch):
+    """`decode - --output FILE`: stdin has no fingerprint to take (and cannot be resumed), but is written."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"cat\ndog\n")))
+    out = tmp_path / "out.txt"
+    assert main(["decode", "-", "--output", str(out), "-q"]) == 0
+    assert out.read_text().splitlines() == ["K AE1 T", "D AO1 G"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]

@@ -245,7 +245,7 @@ def decode_lines(
         yield from flush()
 
 
-def input_limit(args: argparse.Namespace, m: Any) -> int | None:
+def input_limit(args: argparse.Namespace, m: Model) -> int | None:
     """The most input tokens: ``--max-input-length``, which may not exceed the model's own limit (the tokenizer's
     ``model_max_length`` or the model's position table), so that a long line cannot take unbounded memory."""
     limits = [getattr(m.tokenizer, "model_max_length", None)]
@@ -262,7 +262,7 @@ def input_limit(args: argparse.Namespace, m: Any) -> int | None:
     return args.max_input_length
 
 
-def report_long_inputs(m: Any, limit: int | None, on_long: str) -> None:
+def report_long_inputs(m: Model, limit: int | None, on_long: str) -> None:
     """One warning counting the inputs over the length limit (truncated or skipped)."""
     sources = list(dict.fromkeys(m.long_inputs))  # eval decodes each input once per beam width
     if sources:
@@ -271,7 +271,7 @@ def report_long_inputs(m: Any, limit: int | None, on_long: str) -> None:
               "--on-long error refuses them instead", file=sys.stderr)
 
 
-def add_ensemble(m: Any, args: argparse.Namespace) -> None:
+def add_ensemble(m: Model, args: argparse.Namespace) -> None:
     """Load the --ensemble directories next to the main model; they must share its tokenizer."""
     for folder in args.ensemble:
         other = load_model(folder, args.device, args.lowercase, int8=args.int8)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,19 +43,28 @@ def check_readable(paths: list[str]) -> None:
             raise CLIError(f"input file {p}: cannot be read ({e.strerror})") from None
 
 
-def count_lines(paths: list[str]) -> int | None:
-    """Total number of lines in the files (None when reading stdin): the progress bar's length."""
+@dataclass
+class InputFile:
+    path: str
+    lines: int  # a last line without its newline counts
+    sha256: str
+
+
+def scan_files(paths: list[str]) -> list[InputFile] | None:
+    """Each input file's line count (the progress bar's length) and SHA-256 (``--resume``'s fingerprint), in one
+    read; None when reading stdin."""
     if not paths or "-" in paths:
         return None
-    total = 0
+    out = []
     for p in paths:
+        digest, n, last = hashlib.sha256(), 0, b"\n"
         with open(p, "rb") as f:
-            n, last = 0, b"\n"
             for block in iter(lambda f=f: f.read(1 << 20), b""):
+                digest.update(block)
                 n += block.count(b"\n")
                 last = block[-1:]
-            total += n + (last != b"\n")
-    return total
+        out.append(InputFile(p, n + (last != b"\n"), digest.hexdigest()))
+    return out
 
 
 def read_lines(paths: list[str]) -> Iterator[Line]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .flags import NOT_IN_FINGERPRINT, build_parser, generation_options, validate
-from .inputs import CLIError, check_readable, chunks, count_lines, read_lines
+from .inputs import CLIError, check_readable, chunks, read_lines, scan_files
 from .outputs import Output, fingerprint, format_record, progress
 
 
@@ -67,10 +67,11 @@ def run_decode(args: argparse.Namespace) -> int:
         torch.manual_seed(args.seed)
     options = decode_options(args, m)
     limit = input_limit(args, m)
+    files = scan_files(args.files)  # None for stdin, which --output without --resume allows
     if args.output is not None:
-        out.start(fingerprint(args, args.files, NOT_IN_FINGERPRINT))
+        out.start(fingerprint(args, files or [], NOT_IN_FINGERPRINT))
     try:
-        bar = progress(count_lines(args.files), args.quiet, initial=out.done)
+        bar = progress(None if files is None else sum(f.lines for f in files), args.quiet, initial=out.done)
         for chunk, error in chunks(read_lines(args.files), args.chunk_size):
             todo = [line for line in chunk if line.index > out.done]
             if todo:

@@ -11,7 +11,6 @@ Every input gives one record, written in input order:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from .inputs import CLIError, Line
+from .inputs import CLIError, InputFile, Line
 
 FORMATS = ("text", "tsv", "jsonl")
 
@@ -110,10 +109,10 @@ class Output:
             raise self._write_error(e) from None
 
     def sync(self) -> None:
+        """Flush and fsync the partial file (file outputs only)."""
         self.stream.flush()
-        if self.path is not None:
-            os.fsync(self.stream.fileno())
-            self.last_sync = time.monotonic()
+        os.fsync(self.stream.fileno())
+        self.last_sync = time.monotonic()
 
     def finish(self) -> None:
         """Every input is decoded: make ``PATH`` the complete output, atomically."""
@@ -152,18 +151,12 @@ class Output:
                         "make room and continue with --resume", status=1)
 
 
-def fingerprint(args: Any, inputs: list[str], skip: tuple[str, ...]) -> dict[str, Any]:
+def fingerprint(args: Any, inputs: list[InputFile], skip: tuple[str, ...]) -> dict[str, Any]:
     """What ``--resume`` must find unchanged: the inputs' bytes, the options that change outputs (every parsed
     argument but ``skip``), the format and the version of beamsearch."""
     from .. import __version__
 
-    files = []
-    for name in inputs:
-        digest = hashlib.sha256()
-        with open(name, "rb") as f:
-            for block in iter(lambda f=f: f.read(1 << 20), b""):
-                digest.update(block)
-        files.append({"file": str(Path(name).resolve()), "sha256": digest.hexdigest()})
+    files = [{"file": str(Path(f.path).resolve()), "sha256": f.sha256} for f in inputs]
     options = {k: v for k, v in sorted(vars(args).items()) if k not in skip}
     return {"beamsearch": __version__, "inputs": files, "options": json.loads(json.dumps(options, default=str))}
 
