@@ -14,9 +14,7 @@ from collections.abc import Callable
 
 import torch
 from numerics import assert_scores_close, near_tie, smallest_gap, top2_margin
-from tiny_hf import MODEL_NAMES, VOCAB, random_inputs, tiny_model
-
-import beamsearch
+from tiny_hf import MODEL_NAMES, VOCAB, generate_both, random_inputs, tiny_model
 
 
 def random_case(seed: int) -> tuple[str, dict]:
@@ -91,11 +89,7 @@ def case_inputs(name: str, kwargs: dict, seed: int) -> tuple[object, dict]:
 def run_both(name: str, kwargs: dict, seed: int, **ours):
     """transformers' output and ours (``ours``: beamsearch-only options), each after ``torch.manual_seed(seed)``."""
     model, kwargs = case_inputs(name, kwargs, seed)
-    torch.manual_seed(seed)
-    expected = model.generate(**kwargs)
-    torch.manual_seed(seed)
-    actual = beamsearch.generate(model, **kwargs, **ours)
-    return expected, actual
+    return generate_both(model, ours, seed, **kwargs)
 
 
 def assert_bitwise_output(expected, actual) -> None:

@@ -9,8 +9,7 @@ from typing import Any
 def counterpart(ours: type) -> type | None:
     """The Hugging Face class our class ``ours`` mirrors (transformers exports it under the same name), if
     transformers is already imported; the core never imports it."""
-    found = getattr(sys.modules.get("transformers"), ours.__name__, None)
-    return found if isinstance(found, type) else None
+    return foreign_class("transformers", ours.__name__)
 
 
 def foreign_class(module: str, name: str) -> type | None:

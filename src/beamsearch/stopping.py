@@ -55,11 +55,11 @@ class MaxLengthCriteria:
         return _full(input_ids, length >= self.max_length)
 
 
-
 def is_max_length_criterion(criterion: Any) -> bool:
     """Ours or Hugging Face's max-length criterion (the t2t and limit logic read its ``max_length``)."""
     theirs = counterpart(MaxLengthCriteria)
     return isinstance(criterion, MaxLengthCriteria) or (theirs is not None and isinstance(criterion, theirs))
+
 
 class MaxTimeCriteria:
     """Stop every row once more than ``max_time`` seconds have passed since ``initial_timestamp``.
