@@ -11,8 +11,7 @@ Removal is exact only when nothing else looks at the removed rows: :func:`remova
 every processor can drop rows (:meth:`select_rows`) and that every stopping criterion is one whose verdict
 for a row does not depend on the other rows.
 
-Legend: B examples, B' active examples, g leading entries per example (1 for ``[B, K, ...]`` tensors, K for
-``[N, ...]`` row tensors), K rows per example.
+Legend: B examples, B' active examples, K rows per example.
 """
 
 from __future__ import annotations
@@ -38,57 +37,46 @@ def removal_is_exact(processors: Iterable[Any], criteria: Iterable[Any]) -> bool
 
 
 class ActiveExamples:
-    """The examples still decoded, and full-batch buffers holding the final tensors of those that left.
+    """The examples still decoded, and a full-batch copy of the results of those that left.
+
+    What is compacted is passed in, never named: the result part is a :class:`~beamsearch.strategies.pool.Hypotheses`
+    (or any object with ``take(index)`` and ``put(index, other)`` over its leading, per-example dimension), the
+    others are such objects or tensors whose first dimension is the example.
 
     Args:
         batch_size: B.
         device: where the index tensors live.
-        per_example: attribute names of the owner's tensors with ``g`` leading entries per example; all are
-            compacted when examples leave.
-        results: the subset of ``per_example`` that makes up the result; kept in full-batch buffers.
-        group: g.
     """
 
-    def __init__(self, batch_size: int, device: torch.device, per_example: Sequence[str], results: Sequence[str],
-                 group: int = 1):
+    def __init__(self, batch_size: int, device: torch.device):
         self.ids = torch.arange(batch_size, device=device)  # [B'] original position of each active example
-        self.per_example, self.results, self.group = tuple(per_example), tuple(results), group
-        self.buffers: dict[str, torch.Tensor] | None = None  # full-batch result tensors, once one example left
+        self.results: Any = None  # the full-batch results, once one example left
 
-    def entries(self, examples: torch.Tensor) -> torch.Tensor:
-        """Example positions ``[E]`` -> their leading-dimension entries ``[E * g]``."""
-        if self.group == 1:
-            return examples
-        offsets = torch.arange(self.group, device=examples.device)
-        return (examples[:, None] * self.group + offsets).reshape(-1)
-
-    def drop(self, owner: Any, done: Sequence[bool]) -> torch.Tensor:
-        """Move the examples marked ``done`` (host booleans, ``[B']``) out of ``owner``'s tensors.
+    def drop(self, done: Sequence[bool], results: Any, others: Sequence[Any]) -> tuple[torch.Tensor, Any, list[Any]]:
+        """Move the examples marked ``done`` (host booleans, ``[B']``) out of ``results`` and ``others``.
 
         Returns:
-            LongTensor ``[B'']``: the positions, among the ``B'`` active examples, of those that stay.
+            ``(keep, results, others)``: LongTensor ``[B'']``, the positions among the ``B'`` active examples of
+            those that stay, and the parts holding only those.
         """
         device = self.ids.device
         keep = torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.long, device=device)
         gone = torch.tensor([i for i, d in enumerate(done) if d], dtype=torch.long, device=device)
-        if self.buffers is None:  # nothing left before: the owner's tensors are the full batch, in order
-            self.buffers = {name: getattr(owner, name) for name in self.results}
+        if self.results is None:  # nothing left before: these results are the full batch, in order
+            self.results = results
         else:
-            target = self.entries(self.ids.index_select(0, gone))
-            for name in self.results:
-                self.buffers[name][target] = getattr(owner, name).index_select(0, self.entries(gone))
-        kept = self.entries(keep)
-        for name in self.per_example:
-            setattr(owner, name, getattr(owner, name).index_select(0, kept))
+            self.results.put(self.ids.index_select(0, gone), results.take(gone))
         self.ids = self.ids.index_select(0, keep)
-        return keep
+        return keep, results.take(keep), [_take(part, keep) for part in others]
 
-    def finish(self, owner: Any) -> None:
-        """Put the active examples' result tensors into the buffers and give the owner full-batch tensors."""
-        if self.buffers is None:
-            return
-        target = self.entries(self.ids)
-        for name in self.results:
-            self.buffers[name][target] = getattr(owner, name)
-            setattr(owner, name, self.buffers[name])
-        self.buffers = None
+    def finish(self, results: Any) -> Any:
+        """The full-batch results: those of the examples that left, and ``results`` for the active ones."""
+        if self.results is None:
+            return results
+        self.results.put(self.ids, results)
+        full, self.results = self.results, None
+        return full
+
+
+def _take(part: Any, index: torch.Tensor) -> Any:
+    return part.index_select(0, index) if isinstance(part, torch.Tensor) else part.take(index)

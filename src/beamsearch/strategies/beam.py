@@ -19,21 +19,21 @@ from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_bea
 from ..compaction import ActiveExamples
 from ..processors.pipeline import run_processors
 from ..ranking import PoolKeys, SequenceScorer, UniqueKey, score_candidates
-from ..results import FinishReason, SearchResult
+from ..results import SearchResult
 from ..scoring import hf_length_normalised
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import MASK, StepTrace
+from .pool import Hypotheses, first_live
 from .score_checks import ScoreWatch, check_enough_hypotheses, sample
-
-# [B, ...] tensors: all are compacted when examples leave; the finished pool is the result.
-_RESULTS = ("sequences", "scores", "beam_indices", "token_log_probs", "is_finished", "finish_reason")
-_PER_EXAMPLE = _RESULTS + ("running_sequences", "running_scores", "running_beam_indices",
-                           "running_token_log_probs", "can_improve", "hits")
 
 
 class BeamSearch:
-    """Beam search (``do_sample=False``) or beam sampling (``do_sample=True``)."""
+    """Beam search (``do_sample=False``) or beam sampling (``do_sample=True``).
+
+    ``live``: the K beams, scored by their total log-prob; ``finished``: the pool of K finished hypotheses,
+    scored by the penalised score (flags ``finished``, ``reasons``). Both are :class:`Hypotheses` ``[B, K]``.
+    """
 
     def __init__(
         self,
@@ -65,59 +65,51 @@ class BeamSearch:
         self.length_penalty, self.early_stopping = length_penalty, early_stopping
         self.num_return_sequences = num_return_sequences
         self.num_candidates = max(2, 1 + len(eos_token_id or ())) * k
-        g = max(max_length - t0, 0)
         self.length = t0
-        self.running_sequences = torch.full((b, k, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
-        self.running_sequences[:, :, :t0] = input_ids[:, None, :]  # [B, K, L]
-        self.running_scores = torch.zeros(b, k, device=device)  # [B, K] float32 sums of log-probs
-        self.running_scores[:, 1:] = MASK
-        self.running_beam_indices = torch.full((b, k, g), -1, dtype=torch.long, device=device)  # [B, K, G]
-        self.running_token_log_probs = torch.zeros(b, k, g, device=device)  # [B, K, G]
-        self.sequences = self.running_sequences.clone()  # [B, K, L] finished pool
-        self.scores = torch.full((b, k), MASK, device=device)  # [B, K] penalised scores
-        self.beam_indices = self.running_beam_indices.clone()  # [B, K, G]
-        self.token_log_probs = self.running_token_log_probs.clone()  # [B, K, G]
-        self.is_finished = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, K]
-        self.finish_reason = torch.zeros(b, k, dtype=torch.long, device=device)  # [B, K]
+        self.live = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=first_live(b, k, MASK, device))
+        self.finished = Hypotheses.start(
+            input_ids, k, max_length, fill_token_id, scores=torch.full((b, k), MASK, device=device),
+            finished=torch.zeros(b, k, dtype=torch.bool, device=device),
+            reasons=torch.zeros(b, k, dtype=torch.long, device=device))
         self.can_improve = torch.ones(b, 1, dtype=torch.bool, device=device)  # [B, 1]
-        self.hits = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, K]
+        self.hits = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, C] candidates that met a criterion
         self.top_k_mask = torch.arange(self.num_candidates, device=device) < k  # [C]
         self._done = max_length <= t0
         self.example_ids = torch.arange(b, device=device)  # [B'] original position of each active example
         self.scorer = sequence_scorer  # ranks finished hypotheses instead of sum / length ** length_penalty
         self.pool_keys = None if unique_key is None else PoolKeys(unique_key, t0)  # a de-duplicated pool
-        # finished examples leave the batch (only when that is exact: see compaction.removal_is_exact)
-        # alignments: the step's attention over the source [N, S], kept per generated token along each beam
+        # alignments: the step's attention over the source [N, S], kept per generated token along each beam in
+        # the field "alignments" [B, K, G, S] of both pools, added at the first step
         self.keep_alignments = output_alignments
-        self.running_alignments: torch.Tensor | None = None  # [B, K, G, S], allocated at the first step
-        self.alignments: torch.Tensor | None = None  # [B, K, G, S] finished pool
-        self._candidate_alignments: torch.Tensor | None = None  # [B, C, G, S] during a step
-        aligned = ("alignments", "running_alignments") if output_alignments else ()
-        results = _RESULTS + aligned[:1]
-        self.active = ActiveExamples(b, device, _PER_EXAMPLE + aligned, results) if remove_finished else None
+        # finished examples leave the batch (only when that is exact: see compaction.removal_is_exact)
+        self.active = ActiveExamples(b, device) if remove_finished else None
         self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
+        return flatten_beams(self.live.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None,
                 owned: bool = False) -> torch.Tensor | None:
         """One step; returns the flat parent row of each new live beam, ``[N]`` (fewer rows once examples left), or
         None when there is nothing to reorder."""
-        b = self.running_scores.shape[0]  # B': the active examples
+        b = self.live.scores.shape[0]  # B': the active examples
         if self.length == self.prompt_length:
             check_enough_hypotheses(self.rows_per_example, self.num_return_sequences, logits.shape[-1],
                                     self.eos_token_id, self.max_length - self.prompt_length)
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
         self.watch.start(self.length - self.prompt_length, logits, log_probs, self.example_ids)
-        *candidates, parents = self._grow(unflatten_beams(log_probs, b))
         if self.keep_alignments:
-            self._grow_alignments(attention, parents)
-        self.hits = self.criteria(flatten_beams(candidates[1][:, :, : self.length + 1]), self.trace.scores)
+            self._start_alignments(attention)
+        candidates, parents = self._grow(unflatten_beams(log_probs, b))  # [B, C]
+        if self.keep_alignments:
+            position = self.length - self.prompt_length
+            candidates.alignments[:, :, position] = gather_beams(attention.float().reshape(b, self.rows_per_example,
+                                                                                           -1), parents)
+        self.hits = self.criteria(flatten_beams(candidates.tokens[:, :, : self.length + 1]), self.trace.scores)
         self.hits = self.hits.reshape(b, self.num_candidates)  # [B, C]
-        self._update_finished(*candidates)
-        keep = self._update_running(*candidates)
+        self._update_finished(candidates)
+        keep = self._update_running(candidates)
         self.length += 1
         self._update_can_improve()
         rows = flat_parent_rows(gather_beams(parents, keep))  # [N]
@@ -134,7 +126,7 @@ class BeamSearch:
         k = self.rows_per_example
         done = ~self.can_improve[:, 0]  # [B']
         if self.early_stopping is True:
-            done = done | torch.all(self.is_finished, dim=-1)
+            done = done | torch.all(self.finished.finished, dim=-1)
         identity = torch.all(rows == torch.arange(rows.shape[0], device=rows.device))
         *done, all_hit, identity = self.watch.read(torch.cat((done, torch.stack((torch.all(self.hits), identity)))))
         self._done = bool(all_hit) or all(done)
@@ -142,31 +134,28 @@ class BeamSearch:
             return None
         if not any(done):
             return None if identity else rows
-        keep = self.active.drop(self, done)  # [B'']
+        keep, self.finished, (self.live, self.can_improve) = self.active.drop(
+            done, self.finished, (self.live, self.can_improve))  # [B'']
         self.example_ids = self.active.ids
         kept_rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).reshape(-1)  # [N'']
         self.processors = self.processors.select_rows(kept_rows)
         return rows.index_select(0, kept_rows)
 
-    def _grow_alignments(self, attention: torch.Tensor | None, parents: torch.Tensor) -> None:
-        """Each candidate's alignments: its parent's, plus the parent row's attention at this step."""
+    def _start_alignments(self, attention: torch.Tensor | None) -> None:
+        """At the first step, add the "alignments" field ``[B, K, G, S]`` (zeros) to both pools."""
         if attention is None:
             raise ValueError("output_alignments needs the step function to return (logits, state, attention [N, S])")
-        b, k = self.running_scores.shape
-        attention = attention.float().reshape(b, k, -1)  # [B, K, S]
-        if self.running_alignments is None:
-            g = self.running_beam_indices.shape[-1]
-            self.running_alignments = attention.new_zeros(b, k, g, attention.shape[-1])
-            self.alignments = self.running_alignments.clone()
-        candidates = gather_beams(self.running_alignments, parents)  # [B, C, G, S]
-        candidates[:, :, self.length - self.prompt_length] = gather_beams(attention, parents)
-        self._candidate_alignments = candidates
+        if "alignments" not in self.live:
+            b, k, g = self.live.beam_indices.shape
+            self.live.alignments = attention.new_zeros(b, k, g, attention.shape[-1], dtype=torch.float32)
+            self.finished.alignments = self.live.alignments.clone()
 
-    def _grow(self, log_probs: torch.Tensor):
-        """Top (or sampled) C continuations of each example. ``log_probs`` is ``[B, K, V]``."""
+    def _grow(self, log_probs: torch.Tensor) -> tuple[Hypotheses, torch.Tensor]:
+        """The top (or sampled) C continuations of each example, scored by their totals, and their parent beams
+        ``[B, C]``. ``log_probs`` is ``[B, K, V]``."""
         b, k, vocab = log_probs.shape
         if self.do_sample:
-            totals = (log_probs + self.running_scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
+            totals = (log_probs + self.live.scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
             flat, invalid = sample(torch.softmax(totals, dim=-1), self.num_candidates)  # [B, C], [B]
             self.watch.flag(invalid)
             scores = torch.gather(totals, 1, flat)  # [B, C]
@@ -174,70 +163,57 @@ class BeamSearch:
             scores, flat = self._choose_candidates(log_probs)  # [B, C]
             self.watch.flag(torch.isnan(scores).any(dim=1))  # a NaN in any of the example's rows is ranked first
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
-        position = self.length - self.prompt_length
-        sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
-        sequences[:, :, self.length] = tokens
-        beam_indices = gather_beams(self.running_beam_indices, parents)  # [B, C, G]
-        beam_indices[:, :, position] = parents + self.example_ids[:, None] * k  # rows of the full batch, as HF
-        token_log_probs = gather_beams(self.running_token_log_probs, parents)  # [B, C, G]
-        token_log_probs[:, :, position] = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)
-        return scores, sequences, beam_indices, token_log_probs, parents
+        rows = parents + self.example_ids[:, None] * k  # rows of the full batch, as HF's beam indices
+        token_log_probs = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)  # [B, C]
+        candidates = self.live.extend(parents, tokens, token_log_probs, rows, self.length)
+        candidates.scores = scores
+        return candidates, parents
 
     def _choose_candidates(self, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The C candidates of each example from ``log_probs [B, K, V]``: (their totals with the beam scores,
         positions in ``[K*V]``), best first; transformers' ``topk`` over the ``[B, K*V]`` totals."""
-        return top_totals(log_probs, self.running_scores, self.num_candidates)
+        return top_totals(log_probs, self.live.scores, self.num_candidates)
 
-    def _choose_running(self, live_scores: torch.Tensor) -> torch.Tensor:
+    def _choose_running(self, live_scores: torch.Tensor, candidates: Hypotheses) -> torch.Tensor:
         """Candidate positions ``[B, K]`` of the next live beams, best first, from ``live_scores [B, C]``."""
         return torch.topk(live_scores, k=self.rows_per_example)[1]
 
-    def _pool_order(self, merged_scores: torch.Tensor) -> torch.Tensor:
+    def _pool_order(self, merged_scores: torch.Tensor, candidates: Hypotheses) -> torch.Tensor:
         """What ranks the finished pool and the just-finished candidates ``[B, K + C]`` (the scores themselves)."""
         return merged_scores
 
-    def _update_running(self, scores, sequences, beam_indices, token_log_probs) -> torch.Tensor:
+    def _update_running(self, candidates: Hypotheses) -> torch.Tensor:
         """The best K candidates that did not stop become the live beams; returns their candidate positions."""
-        live_scores = scores + self.hits.to(torch.float32) * MASK  # [B, C]
-        keep = self._choose_running(live_scores)  # [B, K]
-        self.running_sequences = gather_beams(sequences, keep)
-        self.running_scores = gather_beams(live_scores, keep)
-        self.running_beam_indices = gather_beams(beam_indices, keep)
-        self.running_token_log_probs = gather_beams(token_log_probs, keep)
-        if self.keep_alignments:
-            self.running_alignments = gather_beams(self._candidate_alignments, keep)
+        live_scores = candidates.scores + self.hits.to(torch.float32) * MASK  # [B, C]
+        keep = self._choose_running(live_scores, candidates)  # [B, K]
+        self.live = candidates.replace(scores=live_scores).gather(keep)
         return keep
 
-    def _update_finished(self, scores, sequences, beam_indices, token_log_probs) -> None:
+    def _update_finished(self, candidates: Hypotheses) -> None:
         """Merge candidates that just stopped (among the first K) into the finished pool."""
+        pool = self.finished
         just_finished = self.hits & self.top_k_mask[None, :]  # [B, C]
         generated = self.length + 1 - self.prompt_length
+        scores = candidates.scores
         if self.scorer is None:
             penalised = hf_length_normalised(scores, generated, self.length_penalty)
         else:
-            hooked = score_candidates(self.scorer, sequences, token_log_probs, self.prompt_length, generated)
+            hooked = score_candidates(self.scorer, candidates.tokens, candidates.token_log_probs, self.prompt_length,
+                                      generated)
             penalised = torch.where(scores > MASK / 2, hooked, scores)  # masked beams' candidates stay masked
-        pool_full = torch.all(self.is_finished, dim=-1, keepdim=True) & (self.early_stopping is True)
+        pool_full = torch.all(pool.finished, dim=-1, keepdim=True) & (self.early_stopping is True)
         penalised += pool_full.to(torch.float32) * MASK
         penalised += (~self.can_improve).to(torch.float32) * MASK
         penalised += (~just_finished) * MASK
         if self.pool_keys is not None:
-            lengths = self.prompt_length + (self.beam_indices >= 0).sum(dim=-1)  # [B, K]
-            self.pool_keys.dedupe(penalised, just_finished, sequences, self.length + 1, self.scores, self.is_finished,
-                                  self.sequences, lengths, drop=2 * MASK)
-        reasons = classify_stop(flatten_beams(sequences[:, :, : self.length + 1]), flatten_beams(just_finished),
+            lengths = self.prompt_length + (pool.beam_indices >= 0).sum(dim=-1)  # [B, K]
+            self.pool_keys.dedupe(penalised, just_finished, candidates.tokens, self.length + 1, pool.scores,
+                                  pool.finished, pool.tokens, lengths, drop=2 * MASK)
+        reasons = classify_stop(flatten_beams(candidates.tokens[:, :, : self.length + 1]), flatten_beams(just_finished),
                                 self.eos_token_id, self.max_length).reshape(just_finished.shape)
-        merged_scores = torch.cat((self.scores, penalised), dim=1)  # [B, K + C]
-        keep = torch.topk(self._pool_order(merged_scores), k=self.rows_per_example)[1]  # [B, K]
-        self._pool_kept = keep
-        self.scores = gather_beams(merged_scores, keep)
-        self.sequences = gather_beams(torch.cat((self.sequences, sequences), dim=1), keep)
-        self.beam_indices = gather_beams(torch.cat((self.beam_indices, beam_indices), dim=1), keep)
-        self.token_log_probs = gather_beams(torch.cat((self.token_log_probs, token_log_probs), dim=1), keep)
-        self.is_finished = gather_beams(torch.cat((self.is_finished, just_finished), dim=1), keep)
-        self.finish_reason = gather_beams(torch.cat((self.finish_reason, reasons), dim=1), keep)
-        if self.keep_alignments:
-            self.alignments = gather_beams(torch.cat((self.alignments, self._candidate_alignments), dim=1), keep)
+        merged_scores = torch.cat((pool.scores, penalised), dim=1)  # [B, K + C]
+        keep = torch.topk(self._pool_order(merged_scores, candidates), k=self.rows_per_example)[1]  # [B, K]
+        self.finished = pool.merge(candidates.replace(scores=penalised, finished=just_finished, reasons=reasons), keep)
 
     def _update_can_improve(self) -> None:
         """Whether the best live beam could still beat the worst finished one (HF's heuristic).
@@ -250,37 +226,19 @@ class BeamSearch:
             best_length = self.max_length - self.prompt_length
         else:
             best_length = self.length - self.prompt_length
-        best_running = self.running_scores[:, :1] / (best_length**self.length_penalty)  # [B, 1]
-        worst_finished = torch.where(self.is_finished, torch.min(self.scores, dim=1, keepdim=True)[0], MASK)
+        best_running = self.live.scores[:, :1] / (best_length**self.length_penalty)  # [B, 1]
+        pool = self.finished
+        worst_finished = torch.where(pool.finished, torch.min(pool.scores, dim=1, keepdim=True)[0], MASK)
         self.can_improve = self.can_improve & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
     def is_done(self) -> bool:
         if self._done or self.active is not None:  # with removal, advance() decided
             return self._done
-        open_pool = ~(torch.all(self.is_finished) & (self.early_stopping is True))
+        open_pool = ~(torch.all(self.finished.finished) & (self.early_stopping is True))
         going = torch.any(self.can_improve) & open_pool & ~torch.all(self.hits)
         return not self.watch.read(going.reshape(1))[0]
 
     def result(self) -> SearchResult:
         if self.active is not None:
-            self.active.finish(self)
-        n = self.num_return_sequences
-        beam_indices = self.beam_indices[:, :n]  # [B, n, G]
-        generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]
-        width = self.watch.read_max(generated)
-        token_log_probs = self.token_log_probs[:, :n, :width]
-        scores, logits = self.trace.as_tuples()
-        reason = torch.where(self.is_finished[:, :n], self.finish_reason[:, :n], int(FinishReason.NONE))
-        return SearchResult(
-            sequences=self.sequences[:, :n, : self.prompt_length + width],
-            sequences_scores=self.scores[:, :n],
-            sum_log_probs=token_log_probs.sum(dim=-1),
-            token_log_probs=token_log_probs,
-            lengths=self.prompt_length + generated,
-            finish_reason=reason,
-            prompt_length=self.prompt_length,
-            scores=scores,
-            logits=logits,
-            beam_indices=beam_indices[:, :, :width],
-            alignments=None if self.alignments is None else self.alignments[:, :n, :width],
-        )
+            self.finished = self.active.finish(self.finished)
+        return self.finished.result(self.num_return_sequences, self.trace, self.watch)

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from ..beams import gather_beams
 from .base import MASK
 from .beam import BeamSearch
 
@@ -68,11 +67,11 @@ class ConstrainedBeamSearch(BeamSearch):
         self.phrases = [(c, list(p)) for c, alternatives in enumerate(constraints) for p in alternatives]
         self._phrase_tensors = [torch.tensor(p, device=device) for _, p in self.phrases]  # made once, not per step
         self.num_constraints = q = len(constraints)
-        self.running_met = torch.zeros(b, num_beams, q, dtype=torch.bool, device=device)  # [B, K, Q]
-        self.pool_met = torch.zeros(b, num_beams, q, dtype=torch.bool, device=device)  # [B, K, Q]
+        # the field "met" [B, K, Q] of both pools: which constraints each hypothesis has met
+        self.live.met = torch.zeros(b, num_beams, q, dtype=torch.bool, device=device)
+        self.finished.met = self.live.met.clone()
         self.constraint_tokens = [max(len(p) for p in alternatives) for alternatives in constraints]  # [Q]
         self.num_banks = sum(self.constraint_tokens) + 1
-        self._candidate_met: torch.Tensor | None = None  # [B, C, Q]
         self._candidate_bank: torch.Tensor | None = None  # [B, C] constraint tokens produced
         self._completes: torch.Tensor | None = None  # [Q, B, K, V] during a step
         self._banks: torch.Tensor | None = None  # [B, K, V] during a step
@@ -81,25 +80,25 @@ class ConstrainedBeamSearch(BeamSearch):
 
     def _suffix_matches(self, prefix: torch.Tensor) -> torch.Tensor:
         """``[B, K]``: whether each beam's generated tokens end with ``prefix`` (empty: always)."""
-        b, k = self.running_scores.shape
+        b, k = self.live.scores.shape
         if not len(prefix):
-            return torch.ones(b, k, dtype=torch.bool, device=self.running_scores.device)
+            return torch.ones(b, k, dtype=torch.bool, device=self.live.scores.device)
         if self.length - self.prompt_length < len(prefix):
-            return torch.zeros(b, k, dtype=torch.bool, device=self.running_scores.device)
-        tail = self.running_sequences[:, :, self.length - len(prefix) : self.length]  # [B, K, len]
+            return torch.zeros(b, k, dtype=torch.bool, device=self.live.scores.device)
+        tail = self.live.tokens[:, :, self.length - len(prefix) : self.length]  # [B, K, len]
         return (tail == prefix).all(dim=-1)
 
     def _step_tables(self, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """For this step: ``advancing [B, K, V]`` (tokens that start or continue a phrase of an unmet constraint),
         ``completes [Q, B, K, V]`` (tokens that complete one) and ``banks [B, K, V]`` (constraint tokens produced
         once the token is appended)."""
-        b, k = self.running_scores.shape
-        device = self.running_scores.device
+        b, k = self.live.scores.shape
+        device = self.live.scores.device
         advancing = torch.zeros(b, k, vocab, dtype=torch.bool, device=device)
         completes = torch.zeros(self.num_constraints, b, k, vocab, dtype=torch.bool, device=device)
         progress = torch.zeros(self.num_constraints, b, k, vocab, dtype=torch.long, device=device)
         for (c, phrase), phrase_tensor in zip(self.phrases, self._phrase_tensors, strict=True):
-            unmet = ~self.running_met[:, :, c]  # [B, K]
+            unmet = ~self.live.met[:, :, c]  # [B, K]
             for j, token in enumerate(phrase):
                 if token >= vocab:
                     raise ValueError(f"force_words_ids holds token {token}, outside the model's {vocab} logits")
@@ -110,7 +109,7 @@ class ConstrainedBeamSearch(BeamSearch):
                     completes[c, :, :, token] |= ready
                 value = self.constraint_tokens[c] if done else j + 1
                 progress[c, :, :, token] = torch.maximum(progress[c, :, :, token], ready.long() * value)
-        met = torch.tensor(self.constraint_tokens, device=device)[:, None, None, None] * self.running_met.permute(
+        met = torch.tensor(self.constraint_tokens, device=device)[:, None, None, None] * self.live.met.permute(
             2, 0, 1)[..., None]  # [Q, B, K, 1] a met constraint keeps its full count
         banks = torch.maximum(progress, met).sum(dim=0)  # [B, K, V]
         return advancing, completes, banks
@@ -119,7 +118,7 @@ class ConstrainedBeamSearch(BeamSearch):
 
     def _grow(self, log_probs: torch.Tensor):
         b, k, vocab = log_probs.shape
-        all_met = self.running_met.all(dim=-1)  # [B, K]
+        all_met = self.live.met.all(dim=-1)  # [B, K]
         if self.eos_token_id:  # the end only once every constraint is met
             eos = torch.tensor(self.eos_token_id, device=log_probs.device)
             banned = torch.zeros(vocab, dtype=torch.bool, device=log_probs.device)
@@ -127,19 +126,18 @@ class ConstrainedBeamSearch(BeamSearch):
             log_probs = log_probs.masked_fill(~all_met[:, :, None] & banned, -torch.inf)
         self._advancing, self._completes, self._banks = self._step_tables(vocab)
         self._log_probs = log_probs
-        scores, sequences, beam_indices, token_log_probs, parents = super()._grow(log_probs)
-        tokens = sequences[:, :, self.length]  # [B, C]
-        met = gather_beams(self.running_met, parents)  # [B, C, Q]
+        candidates, parents = super()._grow(log_probs)  # "met" gathered from the parents
         completes = self._completes.permute(1, 2, 3, 0).reshape(b, k * vocab, self.num_constraints)  # [B, K*V, Q]
-        flat = parents * vocab + tokens
-        self._candidate_met = met | torch.gather(completes, 1, flat[:, :, None].expand(-1, -1, self.num_constraints))
+        flat = parents * vocab + candidates.tokens[:, :, self.length]  # [B, C]
+        candidates.met = candidates.met | torch.gather(completes, 1, flat[:, :, None].expand(-1, -1,
+                                                                                              self.num_constraints))
         self._candidate_bank = torch.gather(self._banks.reshape(b, k * vocab), 1, flat)  # [B, C]
-        return scores, sequences, beam_indices, token_log_probs, parents
+        return candidates, parents
 
     def _choose_candidates(self, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, k, vocab = log_probs.shape
         c, kv = self.num_candidates, k * vocab
-        totals = (log_probs + self.running_scores[:, :, None]).reshape(b, kv)  # [B, K*V]
+        totals = (log_probs + self.live.scores[:, :, None]).reshape(b, kv)  # [B, K*V]
         union = torch.zeros_like(totals, dtype=torch.bool)
         top, positions = torch.topk(totals, k=c)  # the usual top C
         self.watch.flag(torch.isnan(top).any(dim=1))  # NaN ranks first: if the top C hold none, the rows hold none
@@ -156,7 +154,7 @@ class ConstrainedBeamSearch(BeamSearch):
         chosen = torch.gather(chosen, 1, torch.argsort(key, dim=1, descending=True, stable=True))
         return torch.gather(totals, 1, chosen), chosen
 
-    def _choose_running(self, live_scores: torch.Tensor) -> torch.Tensor:
+    def _choose_running(self, live_scores: torch.Tensor, candidates) -> torch.Tensor:
         return self._allocate(live_scores, self._candidate_bank, live_scores > MASK / 2, self.rows_per_example)
 
     def _allocate(self, scores: torch.Tensor, banks: torch.Tensor, valid: torch.Tensor, slots: int) -> torch.Tensor:
@@ -179,19 +177,10 @@ class ConstrainedBeamSearch(BeamSearch):
         order = torch.argsort(torch.gather(scores, 1, chosen), dim=1, descending=True, stable=True)
         return torch.gather(chosen, 1, order)
 
-    def _update_running(self, scores, sequences, beam_indices, token_log_probs) -> torch.Tensor:
-        keep = super()._update_running(scores, sequences, beam_indices, token_log_probs)
-        self.running_met = gather_beams(self._candidate_met, keep)
-        return keep
-
-    def _pool_order(self, merged_scores: torch.Tensor) -> torch.Tensor:
-        unmet = self.num_constraints - torch.cat((self.pool_met, self._candidate_met), dim=1).sum(dim=-1)
+    def _pool_order(self, merged_scores: torch.Tensor, candidates) -> torch.Tensor:
+        unmet = self.num_constraints - torch.cat((self.finished.met, candidates.met), dim=1).sum(dim=-1)
         return merged_scores - BANK_GAP * unmet  # hypotheses that met every constraint rank first
 
-    def _update_finished(self, scores, sequences, beam_indices, token_log_probs) -> None:
-        super()._update_finished(scores, sequences, beam_indices, token_log_probs)
-        self.pool_met = gather_beams(torch.cat((self.pool_met, self._candidate_met), dim=1), self._pool_kept)
-
     def result(self):
-        unmet = self.num_constraints - self.pool_met[:, : self.num_return_sequences].sum(dim=-1)
+        unmet = self.num_constraints - self.finished.met[:, : self.num_return_sequences].sum(dim=-1)
         return dataclasses.replace(super().result(), unmet_constraints=unmet)
