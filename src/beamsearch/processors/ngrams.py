@@ -121,3 +121,42 @@ class NoBadWordsLogitsProcessor(LogitsProcessor):
             banned = banned | _banned_mask(rows, vocab_size, last.expand(rows, -1), hit)
         bias = torch.zeros_like(scores).masked_fill_(banned[:, :-1], NEG_INF)
         return scores + bias
+
+
+class LoopGuardLogitsProcessor(LogitsProcessor):
+    """Ban the token that would end a row's generated tokens with ``repeats`` back-to-back copies of one n-gram.
+
+    A degenerate hypothesis loops (``N AH2 N AH2 N AH2 ...``) until the length limit; this stops the loop at its
+    ``repeats``-th copy for every period n <= ``max_period``, and leaves any other repetition alone (unlike
+    ``no_repeat_ngram_size``, which bans every repeated n-gram). Only generated tokens count, not the prompt.
+
+    With t generated tokens and a period p, the next token x is banned when the last ``repeats * p - 1`` tokens
+    repeat with period p and x equals the token p back, so that ``repeats * p`` tokens would repeat.
+
+    Args:
+        repeats: copies that are banned, >= 2 (3: a third copy of any n-gram in a row is never produced).
+        prompt_length: t0, the start tokens, which never count.
+        max_period: the longest n-gram checked.
+    """
+
+    def __init__(self, repeats: int, prompt_length: int, max_period: int = 4):
+        self.repeats = check_int("loop_guard", repeats, 2)
+        self.prompt_length = check_int("prompt_length", prompt_length, 0)
+        self.max_period = check_int("max_period", max_period, 1)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
+        generated = input_ids[:, self.prompt_length :]  # [N, g]
+        rows, count = generated.shape
+        vocab = scores.shape[-1]
+        mask = None
+        for period in range(1, self.max_period + 1):
+            need = self.repeats * period - 1  # tokens before the candidate that must repeat with this period
+            if count < need:
+                break
+            window = generated[:, count - need :]  # [N, need]
+            periodic = (window[:, period:] == window[:, :-period]).all(dim=1)  # [N]
+            token = window[:, need - period]  # [N]: what the candidate must be to continue the loop
+            banned = _banned_mask(rows, vocab, token[:, None], periodic[:, None])  # [N, V + 1]
+            mask = banned if mask is None else mask | banned
+        return scores if mask is None else scores.masked_fill(mask[:, :-1], NEG_INF)
