@@ -79,8 +79,8 @@ def test_decode_tsv_nbest_scores_match_generate(g2p, tmp_path, capsys):
     assert len(rows) == 12
     for i, (texts, scores) in enumerate(ref):
         for r in range(3):
-            index, word, rank, sc, text = rows[3 * i + r]
-            assert (int(index), word, int(rank), text) == (i + 1, WORDS[i], r + 1, texts[r])
+            index, word, rank, sc, text, finish = rows[3 * i + r]
+            assert (int(index), word, int(rank), text, finish) == (i + 1, WORDS[i], r + 1, texts[r], "eos")
             assert float(sc) == pytest.approx(float(scores[r]), abs=1e-5)
 
 
@@ -300,7 +300,10 @@ def test_causal_lm_directory(tmp_path, capsys):
     prompts = ["ab", "hello there", "z"]
     f = write(tmp_path, "in.txt", prompts)
     assert main(["decode", f, "--model", str(folder), "--num-beams", "2", "--max-new-tokens", "5"]) == 0
-    got = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()
+    marked = [line.split("\t")[1] for line in lines if "\t" in line]  # a random model rarely ends by itself
+    assert marked and set(marked) == {"[unfinished: max_length]"}
+    got = [line.split("\t")[0] for line in lines]
     enc = tok(prompts, return_tensors="pt", padding=True)
     gen = lm.generate(**enc, num_beams=2, max_new_tokens=5)
     want = [tok.decode(s[enc["input_ids"].shape[1] :], skip_special_tokens=True).strip() for s in gen]
@@ -474,7 +477,7 @@ def test_diverse_beam_search_flags(g2p, tmp_path, capsys):
     argv = ["decode", f, "--num-beams", "6", "--num-beam-groups", "3", "--diversity-penalty", "2.0",
             "--num-return-sequences", "3", "--format", "tsv"]
     assert main(argv) == 0
-    got = [line.split("\t")[-1] for line in capsys.readouterr().out.splitlines()]
+    got = [line.split("\t")[4] for line in capsys.readouterr().out.splitlines()]
     out = beamsearch.generate(model, **tok(["either"], return_tensors="pt"), num_beams=6, num_beam_groups=3,
                               diversity_penalty=2.0, num_return_sequences=3)
     assert got == [t.strip() for t in tok.batch_decode(out, skip_special_tokens=True)]
@@ -526,7 +529,7 @@ def test_unique_flag_keys_hypotheses_by_text(g2p, tmp_path, capsys):
     assert key(ids + [tok.pad_token_id]) == key(ids) == "AH0 B"  # special tokens do not make a text distinct
     f = write(tmp_path, "in.txt", ["object"])
     assert main(["decode", f, "--num-beams", "8", "--num-return-sequences", "4", "--unique", "--format", "tsv"]) == 0
-    got = [line.split("\t")[-1] for line in capsys.readouterr().out.splitlines()]
+    got = [line.split("\t")[4] for line in capsys.readouterr().out.splitlines()]
     r = search_model(model, **tok(["object"], return_tensors="pt"), num_beams=8, num_return_sequences=4, unique=key)
     assert got == [key(r.sequences[0, j, 1 : int(r.lengths[0, j])].tolist()) for j in range(4)]
     assert len(set(got)) == 4
@@ -540,7 +543,7 @@ def test_stochastic_beam_search_flag(g2p, tmp_path, capsys):
     argv = ["decode", f, "--num-beams", "4", "--num-return-sequences", "4", "--stochastic-beam-search", "--seed", "3",
             "--format", "tsv"]
     assert main(argv) == 0
-    got = [line.split("\t")[-1] for line in capsys.readouterr().out.splitlines()]
+    got = [line.split("\t")[4] for line in capsys.readouterr().out.splitlines()]
     torch.manual_seed(3)
     r = search_model(model, **tok(["either"], return_tensors="pt"), num_beams=4, num_return_sequences=4,
                      stochastic_beam_search=True)
@@ -718,3 +721,28 @@ def test_stdin_to_an_output_file(tmp_path, capsys, monkeypatch):
     assert main(["decode", "-", "--output", str(out), "-q"]) == 0
     assert out.read_text().splitlines() == ["K AE1 T", "D AO1 G"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_unfinished_hypotheses_are_marked_in_every_format_and_ranked_last(g2p, tmp_path, capsys):
+    """With a length limit too short for most words, every format says which hypotheses did not finish, and the
+    finished ones rank first unless --unfinished keep."""
+    from beamsearch.adapters.hf import search_model
+
+    model, tok = g2p
+    f = write(tmp_path, "in.txt", ["cat"])
+    common = ["decode", f, "--num-beams", "5", "--num-return-sequences", "5", "--max-new-tokens", "4", "-q"]
+    r = search_model(model, **tok(["cat"], return_tensors="pt"), num_beams=5, num_return_sequences=5,
+                     max_new_tokens=4)
+    reasons = [int(x) for x in r.finish_reason[0]]
+    assert 1 in reasons and 2 in reasons, reasons  # EOS and MAX_LENGTH both among the five (the test's premise)
+    assert main([*common, "--format", "jsonl", "--unfinished", "keep"]) == 0
+    kept = [h["finish_reason"] for h in json.loads(capsys.readouterr().out)["hypotheses"]]
+    assert kept == ["eos" if x == 1 else "max_length" for x in reasons]  # the search's order
+    assert main([*common, "--format", "tsv"]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [row[5] for row in rows] == sorted(kept, key=lambda x: x != "eos")  # finished first, order kept
+    assert [row[2] for row in rows] == ["1", "2", "3", "4", "5"]
+    long = write(tmp_path, "long.txt", ["pronunciation"])
+    assert main(["decode", long, "--num-beams", "5", "--max-new-tokens", "3", "-q"]) == 0
+    line = capsys.readouterr().out
+    assert line.endswith("\t[unfinished: max_length]\n") and len(line.split("\t")[0].split()) == 3

@@ -16,6 +16,7 @@ import torch
 from ..adapters.hf import search_model
 from ..errors import SearchError
 from .inputs import CLIError, Line
+from .outputs import is_unfinished
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "g2p_cmudict"
 MAX_WARNINGS = 20
@@ -32,6 +33,7 @@ class Model:
     replace_unk: bool = False  # --replace-unk: unknown output tokens become the source token they attend to
     keep_alignments: bool = False  # --alignments: keep them in the records
     long_inputs: list[str] = field(default_factory=list)  # sources of the inputs over the length limit
+    unfinished_last: bool = True  # --unfinished last: hypotheses that did not end rank after those that did
 
 
 def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False,
@@ -184,6 +186,8 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
         return m.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
     records = result.to_dicts(decode=text)
+    if m.unfinished_last:  # a stable sort: the search's order among finished, and among unfinished, hypotheses
+        records = [sorted(hyps, key=is_unfinished) for hyps in records]
     for encoded, hyps in zip(batch, records, strict=True):  # alignments over the input's own tokens, no padding
         for hyp in hyps:
             if "alignment" in hyp:

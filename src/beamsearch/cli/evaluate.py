@@ -35,6 +35,7 @@ def run_eval(args: argparse.Namespace) -> int:
     m = load_model(args.model, args.device, args.lowercase,
                    eager_attention=options.get("coverage_penalty", "none") != "none", int8=args.int8)
     add_ensemble(m, args)
+    m.unfinished_last = args.unfinished == "last"
     if args.seed is not None:
         import torch
 

@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         io.add_argument("--on-long", choices=("truncate", "skip", "error"), default="truncate",
                         help="inputs over --max-input-length: truncate or skip (one warning counts them), or error")
         g[SEARCH].add_argument("--seed", type=int, help="random seed for sampling")
+        g[SEARCH].add_argument("--unfinished", choices=("last", "keep"), default="last",
+                               help="hypotheses that reached the length limit without ending: ranked after the "
+                               "finished ones (last), or where the search's score puts them (keep)")
         io.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
 
     def generation_args(g: dict[str, argparse._ArgumentGroup], skip: tuple[str, ...] = ()) -> None:

@@ -61,6 +61,7 @@ def run_decode(args: argparse.Namespace) -> int:
     eager = args.coverage_penalty not in (None, "none") or args.alignments or args.replace_unk
     m = load_model(args.model, args.device, args.lowercase, eager_attention=eager, int8=args.int8)
     add_ensemble(m, args)
+    m.unfinished_last = args.unfinished == "last"
     if args.seed is not None:
         import torch
 

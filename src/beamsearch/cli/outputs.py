@@ -2,9 +2,11 @@
 
 Every input gives one record, written in input order:
 
-* ``text``: one line, the best hypothesis.
-* ``tsv``: one line per hypothesis, ``index<TAB>input<TAB>rank<TAB>score<TAB>hypothesis`` (an empty input
-  gives ``index<TAB><TAB>1<TAB><TAB>``).
+* ``text``: one line, the best hypothesis; one that did not finish (it reached the length limit, or the search
+  stopped first) is followed by a tab and ``[unfinished: max_length]`` (or ``[unfinished: none]``).
+* ``tsv``: one line per hypothesis, ``index<TAB>input<TAB>rank<TAB>score<TAB>hypothesis<TAB>finish`` where
+  ``finish`` is the finish reason (``eos``, ``max_length``, ``stop_criterion``, ``none``; an empty input
+  gives ``index<TAB><TAB>1<TAB><TAB><TAB>``).
 * ``jsonl``: one JSON object, ``{"index", "source", "input", "hypotheses": [{"text", "tokens", "score",
   "sum_log_probs", "token_log_probs", "finish_reason"}, ...]}``.
 """
@@ -21,17 +23,27 @@ from typing import Any, TextIO
 from .inputs import CLIError, InputFile, Line
 
 FORMATS = ("text", "tsv", "jsonl")
+FINISHED = ("eos", "stop_criterion")  # finish reasons of a hypothesis that ended by itself
+
+
+def is_unfinished(hyp: dict[str, Any]) -> bool:
+    """Whether a hypothesis (a ``to_dicts`` record) stopped without ending: at the length limit, or cut short."""
+    return hyp["finish_reason"] not in FINISHED
 
 
 def format_record(fmt: str, line: Line, hyps: list[dict[str, Any]]) -> str:
     """The output text for one input (ending with a newline)."""
     if fmt == "text":
-        return (hyps[0]["text"] if hyps else "") + "\n"
+        if not hyps:
+            return "\n"
+        best = hyps[0]
+        return best["text"] + (f"\t[unfinished: {best['finish_reason']}]" if is_unfinished(best) else "") + "\n"
     if fmt == "tsv":
         shown = " ".join(line.text.split("\t"))
         if not hyps:
-            return f"{line.index}\t{shown}\t1\t\t\n"
-        return "".join(f"{line.index}\t{shown}\t{r}\t{h['score']:.6f}\t{h['text']}\n" for r, h in enumerate(hyps, 1))
+            return f"{line.index}\t{shown}\t1\t\t\t\n"
+        return "".join(f"{line.index}\t{shown}\t{r}\t{h['score']:.6f}\t{h['text']}\t{h['finish_reason']}\n"
+                       for r, h in enumerate(hyps, 1))
     record = {"index": line.index, "source": line.source, "input": line.text, "hypotheses": hyps}
     return json.dumps(record, ensure_ascii=False) + "\n"
 
