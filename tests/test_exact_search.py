@@ -12,6 +12,8 @@ import math
 
 import pytest
 import torch
+from fakes import GRUDecoder, PrefixModel
+from numerics import assert_scores_close
 
 from beamsearch import search
 from beamsearch.loop import decode
@@ -19,8 +21,6 @@ from beamsearch.options import SearchOptions
 from beamsearch.processors.pipeline import ProcessorList, build_processors
 from beamsearch.strategies.base import StepTrace
 from beamsearch.strategies.exact import ExactSearch
-from fakes import GRUDecoder, PrefixModel
-from numerics import assert_scores_close
 
 EOS = 0
 

@@ -64,7 +64,8 @@ def search_alternatives(model: Any, input_ids: torch.Tensor, attention_mask: tor
         if len(prefix) >= len(first.scores):
             raise ValueError(f"example {example}: its prefix leaves no free position within the length limit")
         scores = first.scores[len(prefix)][example].float()  # the processed logits (greedy search)
-        log_probs = torch.log_softmax(scores.index_fill(0, torch.tensor(eos, dtype=torch.long), -torch.inf), dim=-1)
+        eos_ids = torch.tensor(eos, dtype=torch.long, device=scores.device)
+        log_probs = torch.log_softmax(scores.index_fill(0, eos_ids, -torch.inf), dim=-1)
         top = torch.topk(log_probs, k)  # the end is no alternative: masked before the softmax, as CTranslate2
         if not torch.isfinite(top.values).all():
             raise ValueError(f"example {example}: fewer than {k} tokens are possible after its prefix")
