@@ -30,19 +30,26 @@ from __future__ import annotations
 
 import torch
 
-from ..beams import flat_parent_rows, flatten_beams, gather_beams
+from ..beams import flat_parent_rows, flatten_beams
 from ..processors import ProcessorList
 from ..results import FinishReason, SearchResult
 from ..scoring import hf_length_normalised
 from ..selection import top_totals
 from .base import MASK, StepTrace
+from .pool import Hypotheses, first_live
 from .score_checks import ScoreWatch
 
 EMPTY = float("-inf")  # the score of an empty place in a finished pool (only ever compared, never multiplied)
 
 
 class GroupBeamSearch:
-    """Diverse beam search over G groups of S beams each; ``remove_finished`` does not apply (rows stay)."""
+    """Diverse beam search over G groups of S beams each; ``remove_finished`` does not apply (rows stay).
+
+    ``live``: the K beams of each example, :class:`Hypotheses` ``[B, K]`` (group g's are ``g*S .. g*S + S-1``),
+    scored by their float32 sums of log-probs. ``pools``: the finished pool of each (example, group),
+    :class:`Hypotheses` ``[B*G, S]`` (row ``b*G + g``), scored by the penalised score in float64 (``EMPTY``: an
+    empty place), with ``reasons``.
+    """
 
     def __init__(
         self,
@@ -62,10 +69,8 @@ class GroupBeamSearch:
         num_return_sequences: int,
         trace: StepTrace,
     ):
-        b, t0 = input_ids.shape
-        k, g = num_beams, num_beam_groups
+        (b, t0), k, g, device = input_ids.shape, num_beams, num_beam_groups, input_ids.device
         s = k // g
-        device = input_ids.device
         self.rows_per_example, self.num_groups, self.group_size = k, g, s
         self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
         self.diversity_penalty, self.pad_token_id = diversity_penalty, pad_token_id
@@ -76,21 +81,15 @@ class GroupBeamSearch:
         self.eos = torch.tensor(eos_token_id, dtype=torch.long, device=device) if eos_token_id else None
         # pool scores in float64, as 4.x's Python floats (float32 where the device has no float64)
         self.pool_dtype = torch.float32 if device.type == "mps" else torch.float64
-        width, generated = max(max_length, t0), max(max_length - t0, 0)
         self.length = t0
-        self.running_sequences = torch.full((b, k, width), fill_token_id, dtype=torch.long, device=device)
-        self.running_sequences[:, :, :t0] = input_ids[:, None, :]  # [B, K, L]
-        self.running_scores = torch.zeros(b, g, s, device=device)
-        self.running_scores[:, :, 1:] = MASK  # only the first beam of each group is live at step 0
-        self.running_scores = self.running_scores.reshape(b, k)  # [B, K] float32 sums of log-probs
-        self.running_beam_indices = torch.full((b, k, generated), -1, dtype=torch.long, device=device)  # [B, K, P]
-        self.running_token_log_probs = torch.zeros(b, k, generated, device=device)  # [B, K, P]
-        # one finished pool of S hypotheses per (example, group)
-        self.pool_sequences = torch.full((b, g, s, width), fill_token_id, dtype=torch.long, device=device)
-        self.pool_scores = torch.full((b, g, s), EMPTY, dtype=self.pool_dtype, device=device)  # [B, G, S] penalised
-        self.pool_beam_indices = torch.full((b, g, s, generated), -1, dtype=torch.long, device=device)
-        self.pool_token_log_probs = torch.zeros(b, g, s, generated, device=device)  # [B, G, S, P]
-        self.pool_reasons = torch.zeros(b, g, s, dtype=torch.long, device=device)  # [B, G, S] FinishReason codes
+        # only the first beam of each group is live at step 0
+        self.live = Hypotheses.start(input_ids, k, max_length, fill_token_id,
+                                     scores=first_live(b * g, s, MASK, device).reshape(b, k))
+        # an empty place holds fill tokens only (the start tokens too)
+        self.pools = Hypotheses.start(
+            torch.full((b * g, t0), fill_token_id, dtype=torch.long, device=device), s, max_length, fill_token_id,
+            scores=torch.full((b * g, s), EMPTY, dtype=self.pool_dtype, device=device),
+            reasons=torch.zeros(b * g, s, dtype=torch.long, device=device))
         self.pool_counts = torch.zeros(b, g, dtype=torch.long, device=device)  # [B, G] hypotheses held (<= S)
         self.group_done = torch.zeros(b, g, dtype=torch.bool, device=device)  # [B, G]
         # each group's rows, [B*S] flat, and the processors restricted to them (per-row state, e.g. padding)
@@ -101,21 +100,18 @@ class GroupBeamSearch:
         self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
+        return flatten_beams(self.live.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step: the groups in order; returns the flat parent row of each new live beam, ``[N]``."""
-        b, k, s = self.batch_size, self.rows_per_example, self.group_size
+        b, s = self.batch_size, self.group_size
         log_probs = torch.log_softmax(logits, dim=-1)  # [N, V]
         vocab = log_probs.shape[-1]
         self.watch.start(self.length - self.prompt_length, logits)
         tokens = self.tokens()  # [N, t], before this step's reorder
         processed = torch.zeros_like(log_probs) if self.trace.scores is not None else None
         chosen_counts = torch.zeros(b, vocab, device=logits.device)  # [B, V] tokens chosen by earlier groups
-        parents = torch.empty(b, k, dtype=torch.long, device=logits.device)  # [B, K] within the example
-        new_tokens = torch.empty_like(parents)  # [B, K]
-        new_scores = torch.empty(b, k, device=logits.device)  # [B, K] sums of log-probs
-        new_log_probs = torch.empty(b, k, device=logits.device)  # [B, K] the new tokens' log-probs
+        steps = []
         for group, rows in enumerate(self.group_rows):
             group_scores = log_probs.index_select(0, rows)  # [B*S, V]
             if group > 0 and self.diversity_penalty > 0:
@@ -123,13 +119,14 @@ class GroupBeamSearch:
             group_scores = self.group_processors[group](tokens.index_select(0, rows), group_scores)
             if processed is not None:
                 processed[rows] = group_scores
-            beams = slice(group * s, (group + 1) * s)
-            token, parent, score, token_log_prob = self._group_step(group, group_scores.reshape(b, s, vocab))
-            parents[:, beams], new_tokens[:, beams] = parent + group * s, token
-            new_scores[:, beams], new_log_probs[:, beams] = score, token_log_prob
+            steps.append(self._group_step(group, group_scores.reshape(b, s, vocab)))
+            token = steps[-1][0]  # [B, S]
             chosen_counts.scatter_add_(1, token, torch.ones_like(token, dtype=chosen_counts.dtype))
+        # [B, K] each: the new tokens, their parents within the example, sums of log-probs and the tokens' log-probs
+        new_tokens, parents, new_scores, new_log_probs = (torch.cat(part, dim=1) for part in zip(*steps, strict=True))
         self.trace.record(processed if processed is not None else log_probs, logits)
-        self._update_running(parents, new_tokens, new_scores, new_log_probs)
+        self.live = self.live.extend(parents, new_tokens, new_log_probs, self._global_rows(parents), self.length)
+        self.live.scores = new_scores
         self.length += 1
         hits = self.criteria(self.tokens(), self.trace.scores)  # [N]
         self._stop = torch.all(self.group_done) | torch.all(hits)
@@ -138,11 +135,11 @@ class GroupBeamSearch:
     def _group_step(self, group: int, log_probs: torch.Tensor):
         """One beam search step of one group; ``log_probs`` ``[B, S, V]`` processed, diversity penalty included.
 
-        Returns the live beams' tokens, parents (within the group), sums and token log-probs, each ``[B, S]``.
+        Returns the live beams' tokens, parents (within the example), sums and token log-probs, each ``[B, S]``.
         """
         b, s, vocab = log_probs.shape
         beams = slice(group * s, (group + 1) * s)
-        scores, flat = top_totals(log_probs, self.running_scores[:, beams], self.num_candidates)  # [B, C], best first
+        scores, flat = top_totals(log_probs, self.live.scores[:, beams], self.num_candidates)  # [B, C], best first
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         token_log_probs = torch.gather(log_probs.reshape(b, s * vocab), 1, flat)  # [B, C]
         is_eos = torch.isin(tokens, self.eos) if self.eos is not None else torch.zeros_like(tokens, dtype=torch.bool)
@@ -162,45 +159,31 @@ class GroupBeamSearch:
         live_parents = torch.where(done, torch.arange(s, device=done.device), live_parents)
         live_scores = torch.where(done, 0.0, live_scores)
         live_log_probs = torch.where(done, 0.0, live_log_probs)
-        return live_tokens, live_parents, live_scores, live_log_probs
+        return live_tokens, live_parents + group * s, live_scores, live_log_probs
 
     def _add_finished(self, group, scores, parents, tokens, token_log_probs, finishing) -> None:
         """Candidates ``[B, S]`` that end with EOS (where ``finishing``) enter the group's pool."""
-        beams = slice(group * self.group_size, (group + 1) * self.group_size)
-        position = self.length - self.prompt_length
-        sequences = gather_beams(self.running_sequences[:, beams], parents)  # [B, S, L]
-        sequences[:, :, self.length] = tokens
-        beam_indices = gather_beams(self.running_beam_indices[:, beams], parents)  # [B, S, P]
-        beam_indices[:, :, position] = self._global_rows(parents + group * self.group_size)
-        log_probs = gather_beams(self.running_token_log_probs[:, beams], parents)  # [B, S, P]
-        log_probs[:, :, position] = token_log_probs
-        penalised = hf_length_normalised(scores.to(self.pool_dtype), position + 1, self.length_penalty)
-        penalised = torch.where(finishing, penalised, EMPTY)
+        parents = parents + group * self.group_size  # [B, S] within the example
+        candidates = self.live.extend(parents, tokens, token_log_probs, self._global_rows(parents), self.length)
+        penalised = hf_length_normalised(scores.to(self.pool_dtype), self.length + 1 - self.prompt_length,
+                                         self.length_penalty)
         reasons = torch.full_like(tokens, int(FinishReason.EOS))
-        groups = slice(group, group + 1)
-        self._merge_into_pools(groups, penalised[:, None], sequences[:, None], beam_indices[:, None],
-                               log_probs[:, None], reasons[:, None], finishing.sum(dim=1)[:, None])
+        pools = torch.arange(self.batch_size, device=tokens.device) * self.num_groups + group  # [B]
+        self._merge_into_pools(pools, candidates.replace(scores=torch.where(finishing, penalised, EMPTY),
+                                                         reasons=reasons), finishing.sum(dim=1))
 
-    def _merge_into_pools(self, groups: slice, scores, sequences, beam_indices, token_log_probs, reasons, added):
+    def _merge_into_pools(self, pools: torch.Tensor, new: Hypotheses, added: torch.Tensor) -> None:
         """Keep the S best of each pool and its new hypotheses (4.x's heap: all while it has room, else the better).
 
-        The new hypotheses are ``[B, G', S', ...]`` for the pools ``groups`` (G' of them); ``scores`` is EMPTY
-        where there is none, and ``added`` ``[B, G']`` counts them.
+        ``pools`` ``[P']`` are rows of ``self.pools``, ``new`` their new hypotheses ``[P', S']``, scored EMPTY where
+        there is none, and ``added`` ``[P']`` counts them.
         """
         s = self.group_size
-        merged = torch.cat((self.pool_scores[:, groups], scores), dim=2)  # [B, G', S + S']
-        keep = torch.topk(merged, k=s, dim=2)[1]  # [B, G', S]
-
-        def select(pool: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            both = torch.cat((pool[:, groups], new), dim=2)
-            return torch.take_along_dim(both, keep.reshape(*keep.shape, *([1] * (both.dim() - 3))), dim=2)
-
-        self.pool_sequences[:, groups] = select(self.pool_sequences, sequences)
-        self.pool_beam_indices[:, groups] = select(self.pool_beam_indices, beam_indices)
-        self.pool_token_log_probs[:, groups] = select(self.pool_token_log_probs, token_log_probs)
-        self.pool_reasons[:, groups] = select(self.pool_reasons, reasons)
-        self.pool_scores[:, groups] = torch.take_along_dim(merged, keep, dim=2)
-        self.pool_counts[:, groups] = torch.clamp(self.pool_counts[:, groups] + added, max=s)
+        pool = self.pools.take(pools)  # [P', S]
+        keep = torch.topk(torch.cat((pool.scores, new.scores), dim=1), k=s, dim=1)[1]  # [P', S]
+        self.pools.put(pools, pool.merge(new, keep))
+        counts = self.pool_counts.view(-1)  # [B*G]
+        counts[pools] = torch.clamp(counts[pools] + added, max=s)
 
     def _update_done(self, group: int, best_scores: torch.Tensor) -> None:
         """4.x's ``BeamHypotheses.is_done`` for one group; ``best_scores`` ``[B]``: the step's best candidate."""
@@ -213,20 +196,9 @@ class GroupBeamSearch:
             else:
                 length = self.length + 1 - self.prompt_length
             best = hf_length_normalised(best_scores.to(self.pool_dtype), length, self.length_penalty)
-            worst = torch.min(self.pool_scores[:, group], dim=1)[0]
+            worst = torch.min(self.pools.scores.reshape(self.batch_size, self.num_groups, -1)[:, group], dim=1)[0]
             verdict = full & (worst >= best)
         self.group_done[:, group] |= verdict
-
-    def _update_running(self, parents, tokens, scores, token_log_probs) -> None:
-        """The new live beams, ``[B, K]`` each: parents within the example, tokens, sums and token log-probs."""
-        position = self.length - self.prompt_length
-        self.running_sequences = gather_beams(self.running_sequences, parents)
-        self.running_sequences[:, :, self.length] = tokens
-        self.running_beam_indices = gather_beams(self.running_beam_indices, parents)
-        self.running_beam_indices[:, :, position] = self._global_rows(parents)
-        self.running_token_log_probs = gather_beams(self.running_token_log_probs, parents)
-        self.running_token_log_probs[:, :, position] = token_log_probs
-        self.running_scores = scores
 
     def _global_rows(self, beams: torch.Tensor) -> torch.Tensor:
         """Beam positions ``[B, X]`` within each example -> rows of the flat ``[N]`` batch (HF's beam indices)."""
@@ -241,42 +213,21 @@ class GroupBeamSearch:
     def _finalize(self) -> None:
         """The live beams of the groups not done enter their pools, scored at their length (4.x's finalize)."""
         b, g, s = self.batch_size, self.num_groups, self.group_size
+        live = self.live.map(lambda value: value.reshape(b * g, s, *value.shape[2:]))  # [B*G, S]
         generated = self.length - self.prompt_length
-        scores = hf_length_normalised(self.running_scores.reshape(b, g, s).to(self.pool_dtype), max(generated, 1),
-                                      self.length_penalty)
-        scores = torch.where(self.group_done[:, :, None], EMPTY, scores)
+        scores = hf_length_normalised(live.scores.to(self.pool_dtype), max(generated, 1), self.length_penalty)
+        open_groups = ~self.group_done.reshape(-1)  # [B*G]
         reason = FinishReason.MAX_LENGTH if self.length >= self.max_length else FinishReason.STOP_CRITERION
-        reasons = torch.full((b, g, s), int(reason), dtype=torch.long, device=scores.device)
-        width = self.running_sequences.shape[-1]
-        self._merge_into_pools(
-            slice(None), scores, self.running_sequences.reshape(b, g, s, width),
-            self.running_beam_indices.reshape(b, g, s, -1), self.running_token_log_probs.reshape(b, g, s, -1),
-            reasons, (~self.group_done).long() * s,
-        )
+        reasons = torch.full((b * g, s), int(reason), dtype=torch.long, device=scores.device)
+        self._merge_into_pools(torch.arange(b * g, device=scores.device), live.replace(
+            scores=torch.where(open_groups[:, None], scores, EMPTY), reasons=reasons), open_groups.long() * s)
 
     def result(self) -> SearchResult:
-        b, k = self.batch_size, self.rows_per_example
+        b, k, n = self.batch_size, self.rows_per_example, self.num_return_sequences
         self._finalize()
-        n = self.num_return_sequences
-        order = torch.topk(self.pool_scores.reshape(b, k), k=n, dim=1)[1]  # [B, n] best over all groups' pools
-        beam_indices = gather_beams(self.pool_beam_indices.reshape(b, k, -1), order)  # [B, n, P]
-        generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]
-        width = self.watch.read_max(generated)
-        token_log_probs = gather_beams(self.pool_token_log_probs.reshape(b, k, -1), order)[:, :, :width]
-        sequences = gather_beams(self.pool_sequences.reshape(b, k, -1), order)
-        scores, logits = self.trace.as_tuples()
-        return SearchResult(
-            sequences=sequences[:, :, : self.prompt_length + width],
-            sequences_scores=gather_beams(self.pool_scores.reshape(b, k), order).float(),
-            sum_log_probs=token_log_probs.sum(dim=-1),
-            token_log_probs=token_log_probs,
-            lengths=self.prompt_length + generated,
-            finish_reason=gather_beams(self.pool_reasons.reshape(b, k), order),
-            prompt_length=self.prompt_length,
-            scores=scores,
-            logits=logits,
-            beam_indices=beam_indices[:, :, :width],
-        )
+        pools = self.pools.map(lambda value: value.reshape(b, k, *value.shape[2:]))  # [B, K]: all groups' pools
+        best = pools.gather(torch.topk(pools.scores, k=n, dim=1)[1])  # [B, n] best over all groups' pools
+        return best.result(n, self.trace, self.watch, scores=best.scores.float(), finish_reason=best.reasons)
 
 
 def _select_rows(processors, rows: torch.Tensor):

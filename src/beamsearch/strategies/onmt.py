@@ -45,6 +45,7 @@ from ..results import SearchResult
 from ..scoring import coverage_penalty, length_penalty
 from ..stopping import classify_stop
 from .base import StepTrace
+from .pool import Hypotheses, first_live
 from .score_checks import ScoreWatch
 
 DEAD = -65504.0  # OpenNMT's cumulative log-prob for a beam that ended
@@ -53,25 +54,27 @@ EMPTY = -1.0e10  # OpenNMT's initial best finished score per token (ratio)
 
 
 class ONMTBeamSearch:
-    """OpenNMT-py's beam search (see the module docstring)."""
+    """OpenNMT-py's beam search (see the module docstring).
+
+    ``alive``: the K beams (OpenNMT's ``alive_seq``); its ``scores`` are cumulative log-probs (``topk_log_probs``,
+    raw, not normalised), and with a coverage penalty the field ``coverage`` ``[B, K, S]`` holds the attention
+    summed over the steps. ``hypotheses``: the P best finished hypotheses (OpenNMT's ``hypotheses``, best first),
+    whose ``scores`` are the normalised finished scores (-inf: an empty place), with ``reasons``. Both are
+    :class:`Hypotheses`.
+    """
 
     def __init__(self, input_ids, max_length, processors, criteria, *, options, fill_token_id, trace: StepTrace,
                  source_lengths=None):
         _check_options(options)
-        b, t0 = input_ids.shape
-        k = options.num_beams
-        device = input_ids.device
-        self.rows_per_example = k
+        (b, t0), k, p, device = input_ids.shape, options.num_beams, options.num_return_sequences, input_ids.device
+        self.rows_per_example, self.n_best = k, p
         self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
         self.processors, self.criteria, self.trace = processors, criteria, trace
         self.eos_ids = options.eos_token_id
         self.eos = torch.tensor(options.eos_token_id, dtype=torch.long, device=device)
-        self.fill = fill_token_id
-        self.lp_kind = options.length_penalty_type or "avg"
-        self.alpha = options.length_penalty
+        self.lp_kind, self.alpha = options.length_penalty_type or "avg", options.length_penalty
         self.cov_kind, self.beta = options.coverage_penalty, options.coverage_beta
         self.stepwise = options.stepwise_penalty and self.cov_kind != "none"
-        self.n_best = options.num_return_sequences
         self.ratio = options.ratio
         if self.ratio > 0 and source_lengths is None:
             raise ValueError("ratio needs the source lengths (search(..., source_lengths=))")
@@ -79,29 +82,21 @@ class ONMTBeamSearch:
             raise ValueError("max_length_ratio needs the source lengths (search(..., source_lengths=)); "
                              "pass max_length_ratio=0 to turn OpenNMT's default limit off")
         self.source_lengths = None if source_lengths is None else source_lengths.to(device).float()  # [B]
-        g = max(max_length - t0, 0)
-        self.limits = torch.full((b,), g, dtype=torch.long, device=device)  # [B] generated tokens at most
+        self.limits = torch.full((b,), max(max_length - t0, 0), dtype=torch.long, device=device)  # [B] at most
         if options.max_length_ratio > 0:
             tied = (source_lengths.to(device).double() * options.max_length_ratio + 5).long()  # int(S * r + 5)
             self.limits = torch.minimum(self.limits, tied)
         self.ngram = options.block_ngram_repeat
         self.exclusions = torch.tensor(options.ignore_when_blocking or (), dtype=torch.long, device=device)
         self.length = t0
-        self.sequences = torch.full((b, k, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
-        self.sequences[:, :, :t0] = input_ids[:, None, :]  # [B, K, L]
-        self.alive = torch.full((b, k), -float("inf"), device=device)  # [B, K] cumulative log-probs
-        self.alive[:, 0] = 0.0
-        self.token_log_probs = torch.zeros(b, k, g, device=device)  # [B, K, G]
-        self.beam_indices = torch.full((b, k, g), -1, dtype=torch.long, device=device)  # [B, K, G]
-        self.coverage = None  # [B, K, S] attention summed over the steps
+        alive = first_live(b, k, -float("inf"), device)  # [B, K] cumulative log-probs
+        self.alive = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=alive)
         self.prev_penalty = None  # [B, K] stepwise coverage penalty already folded in
-        p = self.n_best
-        self.pool_sequences = torch.full((b, p, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
-        self.pool_scores = torch.full((b, p), -float("inf"), device=device)  # [B, P] best first
-        self.pool_token_log_probs = torch.zeros(b, p, g, device=device)
-        self.pool_beam_indices = torch.full((b, p, g), -1, dtype=torch.long, device=device)
-        self.pool_lengths = torch.full((b, p), t0, dtype=torch.long, device=device)
-        self.pool_reasons = torch.zeros(b, p, dtype=torch.long, device=device)
+        # an empty place holds fill tokens only (the start tokens too)
+        self.hypotheses = Hypotheses.start(
+            torch.full_like(input_ids, fill_token_id), p, max_length, fill_token_id,
+            scores=torch.full((b, p), -float("inf"), device=device),
+            reasons=torch.zeros(b, p, dtype=torch.long, device=device))
         self.pool_count = torch.zeros(b, dtype=torch.long, device=device)  # hypotheses so far, all kept or not
         self.best_per_token = torch.full((b,), EMPTY, device=device)  # ratio: best finished score / length
         self.done = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
@@ -109,11 +104,11 @@ class ONMTBeamSearch:
         self.watch = ScoreWatch()  # NaN in the beams' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.sequences[:, :, : self.length])  # [N, t]
+        return flatten_beams(self.alive.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step; returns the flat parent row of each new beam, ``[N]``."""
-        b, k = self.batch_size, self.rows_per_example
+        b, k, alive = self.batch_size, self.rows_per_example, self.alive
         if self.cov_kind != "none" and attention is None:
             raise ValueError("coverage_penalty needs the step function to return (logits, state, attention [N, S])")
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
@@ -123,33 +118,28 @@ class ONMTBeamSearch:
         step = self.length - self.prompt_length + 1  # OpenNMT's len(): tokens so far, one start token
         attn = None if attention is None else unflatten_beams(attention.float(), b)  # [B, K, S]
         if self.stepwise and self.prev_penalty is not None:
-            self.alive = self.alive + self.prev_penalty - self._coverage_penalty(self.coverage + attn)
+            alive.scores = alive.scores + self.prev_penalty - self._coverage_penalty(alive.coverage + attn)
         penalty = length_penalty(self.lp_kind, step + 1, self.alpha)
-        scores = unflatten_beams(log_probs, b) + self.alive[:, :, None]  # [B, K, V]
+        scores = unflatten_beams(log_probs, b) + alive.scores[:, :, None]  # [B, K, V]
         if penalty != 1:
             scores = scores / penalty
         scores = self._block_ngrams(scores)
         top_scores, flat = torch.topk(scores.reshape(b, k * vocab), k=k)  # [B, K]
         self.watch.flag(torch.isnan(top_scores).any(dim=1) & ~self.done)  # NaN ranks first; done examples are final
-        self.alive = top_scores * penalty
         parents, tokens = flat // vocab, flat % vocab  # [B, K]
-        position = self.length - self.prompt_length
-        self.sequences = gather_beams(self.sequences, parents)
-        self.sequences[:, :, self.length] = tokens
-        self.token_log_probs = gather_beams(self.token_log_probs, parents)
-        self.token_log_probs[:, :, position] = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)
-        self.beam_indices = gather_beams(self.beam_indices, parents)
-        self.beam_indices[:, :, position] = flat_parent_rows(parents).reshape(b, k)
+        token_log_probs = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)  # [B, K]
+        self.alive = alive.extend(parents, tokens, token_log_probs, flat_parent_rows(parents).reshape(b, k),
+                                  self.length)
+        self.alive.scores = top_scores * penalty
         if attn is not None and self.cov_kind != "none":
             chosen = gather_beams(attn, parents)  # [B, K, S]
-            if self.coverage is None:
-                self.coverage = chosen
-                self.prev_penalty = torch.zeros_like(self.alive)
+            if "coverage" not in self.alive:  # the first step
+                self.alive.coverage, self.prev_penalty = chosen, torch.zeros_like(self.alive.scores)
             else:
-                self.coverage = gather_beams(self.coverage, parents) + chosen
-                self.prev_penalty = self._coverage_penalty(self.coverage)
+                self.alive.coverage = self.alive.coverage + chosen
+                self.prev_penalty = self._coverage_penalty(self.alive.coverage)
             if not self.stepwise:
-                top_scores = top_scores - self._coverage_penalty(self.coverage)
+                top_scores = top_scores - self._coverage_penalty(self.alive.coverage)
         self.length += 1
         ended = torch.isin(tokens, self.eos)  # [B, K]
         stopped = self.criteria(self.tokens(), self.trace.scores).reshape(b, k)
@@ -166,7 +156,7 @@ class ONMTBeamSearch:
     def _block_ngrams(self, scores: torch.Tensor) -> torch.Tensor:
         """Give ``BLOCKED`` to every token that would repeat an n-gram of its beam. ``scores`` is ``[B, K, V]``."""
         n = self.ngram
-        window = self.sequences[:, :, self.prompt_length - 1 : self.length]  # [B, K, m], one start token
+        window = self.alive.tokens[:, :, self.prompt_length - 1 : self.length]  # [B, K, m], one start token
         m = window.shape[-1]
         if n < 2 or m < n:
             return scores
@@ -180,11 +170,13 @@ class ONMTBeamSearch:
         return scores.masked_fill(blocked > 0, BLOCKED)
 
     def _update_finished(self, finished: torch.Tensor, scores: torch.Tensor) -> None:
-        """Record the hypotheses that ended ([B, K] masks and scores) and decide which examples are done."""
+        """Record the hypotheses that ended ([B, K] masks and scores) and decide which examples are done.
+
+        The P best of each example are kept; ties keep the earlier one first (Python's stable sort)."""
         b, k = finished.shape
         new = finished & ~self.done[:, None]  # [B, K]
         any_new = new.any(dim=1)  # [B]
-        self.alive = self.alive.masked_fill(finished, DEAD)
+        self.alive.scores = self.alive.scores.masked_fill(finished, DEAD)
         if self.ratio > 0:
             per_token = torch.where(new, scores / (self.length - self.prompt_length + 2), EMPTY).max(dim=1)[0]
             self.best_per_token = torch.maximum(self.best_per_token, per_token)
@@ -193,52 +185,28 @@ class ONMTBeamSearch:
         else:
             flag = finished[:, 0]
         reasons = classify_stop(self.tokens(), flatten_beams(new), self.eos_ids, self.max_length).reshape(b, k)
-        self._merge_pool(new, scores, reasons)
+        candidate_scores = torch.where(new, scores, -float("inf"))  # [B, K]
+        merged = torch.cat((self.hypotheses.scores, candidate_scores), dim=1)  # [B, P + K]
+        order = torch.sort(merged, dim=1, descending=True, stable=True)[1][:, : self.n_best]  # [B, P]
+        self.hypotheses = self.hypotheses.merge(self.alive.replace(scores=candidate_scores, reasons=reasons), order)
         self.pool_count += new.sum(dim=1)
         self.done |= any_new & flag & (self.pool_count >= self.n_best)
-
-    def _merge_pool(self, new: torch.Tensor, scores: torch.Tensor, reasons: torch.Tensor) -> None:
-        """Keep the P best hypotheses of each example; ties keep the earlier one first (Python's stable sort)."""
-        p = self.n_best
-        candidate_scores = torch.where(new, scores, -float("inf"))  # [B, K]
-        merged = torch.cat((self.pool_scores, candidate_scores), dim=1)  # [B, P + K]
-        order = torch.sort(merged, dim=1, descending=True, stable=True)[1][:, :p]  # [B, P]
-        lengths = torch.full_like(reasons, self.length)
-
-        def pick(pool: torch.Tensor, beams: torch.Tensor) -> torch.Tensor:
-            return gather_beams(torch.cat((pool, beams), dim=1), order)
-
-        self.pool_scores = pick(self.pool_scores, candidate_scores)
-        self.pool_sequences = pick(self.pool_sequences, self.sequences)
-        self.pool_token_log_probs = pick(self.pool_token_log_probs, self.token_log_probs)
-        self.pool_beam_indices = pick(self.pool_beam_indices, self.beam_indices)
-        self.pool_lengths = pick(self.pool_lengths, lengths)
-        self.pool_reasons = pick(self.pool_reasons, reasons)
 
     def is_done(self) -> bool:
         return self._over or self.watch.read(self.done.all().reshape(1))[0] or self.length >= self.max_length
 
     def result(self) -> SearchResult:
-        generated = self.pool_lengths - self.prompt_length  # [B, P]
+        # nothing is written past a hypothesis's end (its tokens, token log-probs and beam indices there are still the
+        # fill values), so its generated length is the count of its beam indices
+        pool, t0 = self.hypotheses, self.prompt_length
+        generated = (pool.beam_indices >= 0).sum(dim=-1)  # [B, P]
         width = self.watch.read_max(generated)
-        positions = torch.arange(self.pool_sequences.shape[-1], device=generated.device)
-        sequences = self.pool_sequences.masked_fill(positions >= self.pool_lengths[:, :, None], self.fill)
-        steps = torch.arange(width, device=generated.device)
-        token_log_probs = self.pool_token_log_probs[:, :, :width].masked_fill(steps >= generated[:, :, None], 0.0)
-        beam_indices = self.pool_beam_indices[:, :, :width].masked_fill(steps >= generated[:, :, None], -1)
+        token_log_probs = pool.token_log_probs[:, :, :width].contiguous()  # [B, P, width], summed as one block
         scores, logits = self.trace.as_tuples()
-        return SearchResult(
-            sequences=sequences[:, :, : self.prompt_length + width],
-            sequences_scores=self.pool_scores,
-            sum_log_probs=token_log_probs.sum(dim=-1),
-            token_log_probs=token_log_probs,
-            lengths=self.pool_lengths,
-            finish_reason=self.pool_reasons,
-            prompt_length=self.prompt_length,
-            scores=scores,
-            logits=logits,
-            beam_indices=beam_indices,
-        )
+        return SearchResult(sequences=pool.tokens[:, :, : t0 + width], sequences_scores=pool.scores,
+                            sum_log_probs=token_log_probs.sum(dim=-1), token_log_probs=token_log_probs,
+                            lengths=t0 + generated, finish_reason=pool.reasons, prompt_length=t0, scores=scores,
+                            logits=logits, beam_indices=pool.beam_indices[:, :, :width])
 
 
 def _check_options(options) -> None:

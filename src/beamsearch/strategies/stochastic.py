@@ -37,11 +37,12 @@ import dataclasses
 
 import torch
 
-from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
+from ..beams import flat_parent_rows, flatten_beams, unflatten_beams
 from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
+from .pool import Hypotheses
 from .score_checks import ScoreWatch
 
 NEG_INF = float("-inf")  # the key of an empty slot or an impossible child (only compared, never multiplied)
@@ -118,7 +119,12 @@ class StochasticBeamResult(SearchResult):
 
 
 class StochasticBeamSearch:
-    """Stochastic beam search (``stochastic_beam_search=True``): K samples without replacement per example."""
+    """Stochastic beam search (``stochastic_beam_search=True``): K samples without replacement per example.
+
+    ``slots``: the K nodes of each example, :class:`Hypotheses` ``[B, K]``, whose ``scores`` are the Gumbel keys
+    G (-inf: an empty slot), ``phi`` the float32 sums of their tokens' log-probs, and ``finished`` / ``reasons``
+    mark the complete sequences.
+    """
 
     def __init__(
         self,
@@ -134,34 +140,28 @@ class StochasticBeamSearch:
         num_return_sequences: int,
         trace: StepTrace,
     ):
-        b, t0 = input_ids.shape
-        k = num_beams
-        device = input_ids.device
-        self.rows_per_example = k
-        self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
+        (b, t0), k, device = input_ids.shape, num_beams, input_ids.device
+        self.rows_per_example, self.batch_size, self.prompt_length, self.max_length = k, b, t0, max_length
         self.processors, self.criteria, self.trace = processors, criteria, trace
         self.eos_token_id, self.fill_token_id, self.temperature = eos_token_id, fill_token_id, temperature
         self.num_return_sequences = num_return_sequences
-        g = max(max_length - t0, 0)
         self.length = t0
-        self.sequences = torch.full((b, k, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
-        self.sequences[:, :, :t0] = input_ids[:, None, :]  # [B, K, L]
-        self.log_probs = torch.zeros(b, k, device=device)  # [B, K] phi: float32 sums of token log-probs
-        self.keys = torch.full((b, k), NEG_INF, device=device)  # [B, K] G; -inf: an empty slot
-        self.keys[:, 0] = gumbel((b,), device)  # the root: G ~ Gumbel(phi = 0); only the first beam is live
+        keys = torch.full((b, k), NEG_INF, device=device)
+        keys[:, 0] = gumbel((b,), device)  # the root: G ~ Gumbel(phi = 0); only the first beam is live
+        self.slots = Hypotheses.start(
+            input_ids, k, max_length, fill_token_id, scores=keys, phi=torch.zeros(b, k, device=device),
+            finished=torch.zeros(b, k, dtype=torch.bool, device=device),
+            reasons=torch.zeros(b, k, dtype=torch.long, device=device))
         self.threshold = torch.full((b,), NEG_INF, device=device)  # [B] kappa: the largest key dropped so far
-        self.beam_indices = torch.full((b, k, g), -1, dtype=torch.long, device=device)  # [B, K, G]
-        self.token_log_probs = torch.zeros(b, k, g, device=device)  # [B, K, G]
-        self.is_finished = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, K] complete sequences
-        self.finish_reason = torch.zeros(b, k, dtype=torch.long, device=device)  # [B, K] FinishReason codes
         self.watch = ScoreWatch()  # NaN in the live beams' log-probs, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.sequences[:, :, : self.length])  # [N, t]
+        return flatten_beams(self.slots.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step: expand the live beams, keep the K best keys; returns the flat parent rows ``[N]``."""
-        b, k = self.keys.shape
+        slots = self.slots
+        b, k = slots.scores.shape
         scores = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         log_probs = torch.log_softmax(scores / self.temperature, dim=-1)  # [N, V] the distribution sampled
         self.trace.record(log_probs, logits)
@@ -170,10 +170,10 @@ class StochasticBeamSearch:
         # a log-softmax row with a NaN, a +inf or every token masked is NaN throughout (see score_checks); a masked
         # row is a dead end here (its children are impossible), so the watch forgives rows that are all -inf
         self.watch.start(self.length - self.prompt_length, logits, scores, masked_rows_allowed=True)
-        live = ~self.is_finished & (self.keys > NEG_INF)  # [B, K]
+        live = ~slots.finished & (slots.scores > NEG_INF)  # [B, K]
         self.watch.flag((torch.isnan(log_probs[:, :, 0]) & live).any(dim=1))
-        children = self._child_keys(log_probs)  # [B, K*V]
-        kept = torch.where(self.is_finished, self.keys, NEG_INF)  # [B, K] complete sequences compete as they are
+        children = self._child_keys(log_probs, live)  # [B, K*V]
+        kept = torch.where(slots.finished, slots.scores, NEG_INF)  # [B, K] complete sequences compete as they are
         top_keys, chosen = torch.topk(torch.cat((children, kept), dim=1), k=k + 1)  # [B, K+1], descending
         self.threshold = torch.maximum(self.threshold, top_keys[:, k])
         keys, chosen = top_keys[:, :k], chosen[:, :k]  # [B, K]
@@ -183,66 +183,45 @@ class StochasticBeamSearch:
         tokens = torch.where(grown, chosen % vocab, self.fill_token_id)
         flat = log_probs.reshape(b, k * vocab)
         token_log_probs = torch.where(grown, torch.gather(flat, 1, chosen.clamp(max=k * vocab - 1)), 0.0)
-        self._grow(parents, tokens, token_log_probs, grown, keys)
+        rows = torch.where(grown, flat_parent_rows(parents).reshape(b, k), -1)
+        # the new slots: gathered from their parents, with this step's token where grown
+        self.slots = slots = slots.extend(parents, tokens, token_log_probs, rows, self.length)
+        slots.phi, slots.scores = slots.phi + token_log_probs, keys
         self.length += 1
         hits = self.criteria(self.tokens(), self.trace.scores).reshape(b, k)  # [B, K]
         just_finished = grown & hits
         reasons = classify_stop(self.tokens(), flatten_beams(just_finished), self.eos_token_id, self.max_length)
-        self.is_finished = torch.where(is_child, just_finished, gather_beams(self.is_finished, parents))
-        self.finish_reason = torch.where(is_child, reasons.reshape(b, k), gather_beams(self.finish_reason, parents))
+        slots.finished = torch.where(is_child, just_finished, slots.finished)
+        slots.reasons = torch.where(is_child, reasons.reshape(b, k), slots.reasons)
         return flat_parent_rows(parents)
 
-    def _child_keys(self, log_probs: torch.Tensor) -> torch.Tensor:
-        """Every child's key, ``[B, K*V]``: -inf for the children of finished and empty slots."""
+    def _child_keys(self, log_probs: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """Every child's key, ``[B, K*V]``: -inf for the children of finished and empty slots (not ``live [B, K]``)."""
         b, k, vocab = log_probs.shape
-        live = ~self.is_finished & (self.keys > NEG_INF)  # [B, K]
-        perturbed = self.log_probs[:, :, None] + log_probs + gumbel((b, k, vocab), log_probs.device)  # [B, K, V]
-        keys = conditional_keys(self.keys[:, :, None], perturbed)
+        perturbed = self.slots.phi[:, :, None] + log_probs + gumbel((b, k, vocab), log_probs.device)  # [B, K, V]
+        keys = conditional_keys(self.slots.scores[:, :, None], perturbed)
         return torch.where(live[:, :, None], keys, NEG_INF).reshape(b, k * vocab)
-
-    def _grow(self, parents, tokens, token_log_probs, grown, keys) -> None:
-        """The new slots, ``[B, K]`` each: gathered from their parents, with this step's token where ``grown``."""
-        position = self.length - self.prompt_length
-        rows = parents + torch.arange(self.batch_size, device=parents.device)[:, None] * self.rows_per_example
-        self.sequences = gather_beams(self.sequences, parents)
-        self.sequences[:, :, self.length] = tokens
-        self.beam_indices = gather_beams(self.beam_indices, parents)
-        self.beam_indices[:, :, position] = torch.where(grown, rows, -1)
-        self.token_log_probs = gather_beams(self.token_log_probs, parents)
-        self.token_log_probs[:, :, position] = token_log_probs
-        self.log_probs = gather_beams(self.log_probs, parents) + token_log_probs
-        self.keys = keys
 
     def is_done(self) -> bool:
         if self.length >= self.max_length:
             return True
-        done = torch.all(self.is_finished | (self.keys == NEG_INF))
+        done = torch.all(self.slots.finished | (self.slots.scores == NEG_INF))
         return self.watch.read(done.reshape(1))[0]  # the step's one host synchronisation
 
     def result(self) -> StochasticBeamResult:
-        n, t0 = self.num_return_sequences, self.prompt_length
-        empty = self.keys[:, :n] == NEG_INF  # [B, n]: fewer complete sequences than slots
-        beam_indices = torch.where(empty[:, :, None], -1, self.beam_indices[:, :n])  # [B, n, G]
+        n, t0, slots = self.num_return_sequences, self.prompt_length, self.slots
+        empty = slots.scores[:, :n] == NEG_INF  # [B, n]: fewer complete sequences than slots
+        beam_indices = torch.where(empty[:, :, None], -1, slots.beam_indices[:, :n])  # [B, n, G]
         generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]
         width = self.watch.read_max(generated)
-        token_log_probs = torch.where(empty[:, :, None], 0.0, self.token_log_probs[:, :n, :width])
-        sequences = self.sequences[:, :n, : t0 + width].clone()
+        token_log_probs = torch.where(empty[:, :, None], 0.0, slots.token_log_probs[:, :n, :width])
+        sequences = slots.tokens[:, :n, : t0 + width].clone()
         sequences[:, :, t0:] = torch.where(empty[:, :, None], self.fill_token_id, sequences[:, :, t0:])
         log_probs = torch.where(empty, NEG_INF, token_log_probs.sum(dim=-1))  # [B, n] phi
-        reason = torch.where(self.is_finished[:, :n], self.finish_reason[:, :n], int(FinishReason.NONE))
-        threshold = self.keys[:, n] if n < self.rows_per_example else self.threshold
+        reason = torch.where(slots.finished[:, :n], slots.reasons[:, :n], int(FinishReason.NONE))
+        threshold = slots.scores[:, n] if n < self.rows_per_example else self.threshold
         scores, logits = self.trace.as_tuples()
         return StochasticBeamResult(
-            sequences=sequences,
-            sequences_scores=log_probs,
-            sum_log_probs=log_probs,
-            token_log_probs=token_log_probs,
-            lengths=t0 + generated,
-            finish_reason=reason,
-            prompt_length=t0,
-            scores=scores,
-            logits=logits,
-            beam_indices=beam_indices[:, :, :width],
-            keys=self.keys[:, :n].clone(),
-            threshold=threshold.clone(),
-        )
+            sequences=sequences, sequences_scores=log_probs, sum_log_probs=log_probs, token_log_probs=token_log_probs,
+            lengths=t0 + generated, finish_reason=reason, prompt_length=t0, scores=scores, logits=logits,
+            beam_indices=beam_indices[:, :, :width], keys=slots.scores[:, :n].clone(), threshold=threshold.clone())
