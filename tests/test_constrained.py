@@ -118,3 +118,19 @@ def test_bad_constraints_are_named():
         search(model, starts, num_beams=1, force_words_ids=[[3]])
     with pytest.raises(ValueError, match="outside the model's 5 logits"):
         search(model, starts, num_beams=2, max_new_tokens=2, force_words_ids=[[7]])
+
+
+def test_allocation_ranks_by_score_within_each_tier_exactly():
+    """Valid entries whose scores differ by far less than float32's spacing at 2e9 are still ranked by score
+    (a key of score + 2e9 would tie them and leave the choice to topk's order, which differs between devices)."""
+    from beamsearch.strategies.constrained import ConstrainedBeamSearch
+
+    search = ConstrainedBeamSearch.__new__(ConstrainedBeamSearch)
+    search.num_banks = 1
+    scores = torch.tensor([[-1.0, -0.5, -0.7, -0.6, -0.1]])
+    valid = torch.tensor([[True, True, True, True, False]])
+    chosen = search._allocate(scores, torch.zeros(1, 5, dtype=torch.long), valid, 3)
+    assert chosen.tolist() == [[1, 3, 2]]  # one bank: the three best valid entries, best first
+    search.num_banks = 2  # bank 1 (one constraint token) gets a slot of its own first
+    chosen = search._allocate(scores, torch.tensor([[1, 0, 0, 0, 0]]), valid, 2)
+    assert chosen.tolist() == [[1, 0]]

@@ -172,8 +172,12 @@ class ConstrainedBeamSearch(BeamSearch):
             in_bank = torch.where(valid & (banks == j) & ~taken, scores, -torch.inf)
             values, positions = torch.topk(in_bank, k=min(quota, scores.shape[1]))
             taken.scatter_(1, positions, values > -torch.inf)
-        priority = torch.where(taken, scores + 4 * abs(MASK), torch.where(valid, scores + 2 * abs(MASK), scores))
-        chosen = torch.topk(priority, k=slots)[1]  # the taken ones, then the best valid, then the rest
+        # the taken ones, then the best valid, then the rest: by score within each tier, ties in index order (a
+        # key such as score + 4e9 would round the scores away in float32 and leave the choice to topk's tie order)
+        tier = taken.to(torch.uint8) + valid.to(torch.uint8)  # [B, M]: 2 taken (always valid), 1 valid, 0 other
+        order = torch.sort(scores, dim=1, descending=True, stable=True)[1]
+        order = torch.gather(order, 1, torch.sort(torch.gather(tier, 1, order), dim=1, descending=True, stable=True)[1])
+        chosen = order[:, :slots]
         order = torch.argsort(torch.gather(scores, 1, chosen), dim=1, descending=True, stable=True)
         return torch.gather(chosen, 1, order)
 
