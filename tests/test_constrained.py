@@ -131,6 +131,9 @@ def test_allocation_ranks_by_score_within_each_tier_exactly():
     valid = torch.tensor([[True, True, True, True, False]])
     chosen = search._allocate(scores, torch.zeros(1, 5, dtype=torch.long), valid, 3)
     assert chosen.tolist() == [[1, 3, 2]]  # one bank: the three best valid entries, best first
+    close = torch.tensor([[-0.9, -0.8, -0.7, -0.6, -0.5]])  # the old key chose [4, 2] here
+    assert search._allocate(close, torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.bool),
+                            2).tolist() == [[4, 3]]
     search.num_banks = 2  # bank 1 (one constraint token) gets a slot of its own first
     chosen = search._allocate(scores, torch.tensor([[1, 0, 0, 0, 0]]), valid, 2)
     assert chosen.tolist() == [[1, 0]]
