@@ -32,13 +32,14 @@ import math
 
 import torch
 
-from ..beams import flatten_beams, gather_beams, unflatten_beams
+from ..beams import flatten_beams, unflatten_beams
 from ..processors.pipeline import run_processors
-from ..results import FinishReason, SearchResult
+from ..results import SearchResult
 from ..scoring import ct2_length_normalised
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import MASK, StepTrace
+from .pool import Hypotheses, first_live
 from .score_checks import ScoreWatch, check_enough_hypotheses
 
 
@@ -52,35 +53,24 @@ class CT2BeamSearch:
 
     def __init__(self, input_ids, max_length, processors, criteria, *, options, fill_token_id, trace: StepTrace,
                  source_lengths=None):
-        b, t0 = input_ids.shape
-        k = options.num_beams
         _check_options(options)
-        device = input_ids.device
-        self.rows_per_example = k
-        self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
+        (b, t0), k, device = input_ids.shape, options.num_beams, input_ids.device
+        self.rows_per_example, self.batch_size, self.prompt_length, self.max_length = k, b, t0, max_length
         self.processors, self.criteria, self.trace = processors, criteria, trace
         self.eos_token_id = options.eos_token_id
         self.length_penalty = 0.0 if options.length_penalty_type == "none" else float(options.length_penalty)
         self.num_return_sequences = n = options.num_return_sequences
         self.max_hypotheses = ct2_max_hypotheses(k, options.patience)
         self.early_exit = self.length_penalty == 0.0
-        g = max(max_length - t0, 0)
         self.length = t0
-        self.running_sequences = torch.full((b, k, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
-        self.running_sequences[:, :, :t0] = input_ids[:, None, :]  # [B, K, L]
-        self.running_scores = torch.zeros(b, k, device=device)  # [B, K] float32 sums of log-probs
-        self.running_scores[:, 1:] = MASK  # only the first beam is expanded at the first step
-        self.running_beam_indices = torch.full((b, k, g), -1, dtype=torch.long, device=device)  # [B, K, G]
-        self.running_token_log_probs = torch.zeros(b, k, g, device=device)  # [B, K, G]
-        self.sequences = torch.full((b, n, max(max_length, t0)), fill_token_id, dtype=torch.long, device=device)
-        self.sequences[:, :, :t0] = input_ids[:, None, :]  # [B, P, L] the best registered hypotheses
-        self.scores = torch.full((b, n), -math.inf, device=device)  # [B, P] normalised scores
-        self.sum_log_probs = torch.full((b, n), -math.inf, device=device)  # [B, P]
-        self.beam_indices = self.running_beam_indices[:, :1].expand(b, n, g).clone()  # [B, P, G]
-        self.token_log_probs = torch.zeros(b, n, g, device=device)  # [B, P, G]
-        self.generated = torch.zeros(b, n, dtype=torch.long, device=device)  # [B, P] tokens after t0 (end incl.)
-        self.is_registered = torch.zeros(b, n, dtype=torch.bool, device=device)  # [B, P]
-        self.finish_reason = torch.zeros(b, n, dtype=torch.long, device=device)  # [B, P]
+        # alive: the K beams, scored by their sums of log-probs; hypotheses: the P registered ones ("finished"; a slot
+        # may hold an unregistered candidate, or nothing), scored by their final scores, "sum_log_probs" their sums
+        self.alive = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=first_live(b, k, MASK, device))
+        self.hypotheses = Hypotheses.start(
+            input_ids, n, max_length, fill_token_id, scores=torch.full((b, n), -math.inf, device=device),
+            sum_log_probs=torch.full((b, n), -math.inf, device=device),
+            finished=torch.zeros(b, n, dtype=torch.bool, device=device),
+            reasons=torch.zeros(b, n, dtype=torch.long, device=device))
         self.num_registered = torch.zeros(b, dtype=torch.long, device=device)  # [B]
         self.top_beam_ended = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
         self.example_done = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
@@ -88,7 +78,7 @@ class CT2BeamSearch:
         self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
 
     def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.running_sequences[:, :, : self.length])  # [N, t]
+        return flatten_beams(self.alive.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step; returns the flat parent row of each new live beam, ``[N]``."""
@@ -100,64 +90,49 @@ class CT2BeamSearch:
         log_probs = torch.log_softmax(scores, dim=-1)  # [N, V]
         self.trace.record(log_probs, logits)
         self.watch.start(self.length - self.prompt_length, logits, scores)
-        candidates = self._grow(unflatten_beams(log_probs, b))
-        ended = self.criteria(flatten_beams(candidates[1][:, :, : self.length + 1]), self.trace.scores)
+        candidates = self._grow(unflatten_beams(log_probs, b))  # [B, C]
+        ended = self.criteria(flatten_beams(candidates.tokens[:, :, : self.length + 1]), self.trace.scores)
         ended = ended.reshape(b, -1) | (self.length + 1 >= self.max_length)  # [B, C]
         registered = ended[:, : self.rows_per_example] & ~self.example_done[:, None]  # [B, K]
-        self._register(registered, *candidates)
-        keep = self._live_positions(ended, registered)  # [B, K]
-        self._update_running(keep, *candidates)
+        self._register(registered, candidates)
+        self.alive = candidates.gather(self._live_positions(ended, registered))  # [B, K]
         self.length += 1
         self._update_example_done()
-        return self.running_beam_indices[:, :, self.length - 1 - self.prompt_length].reshape(-1)  # [N]
+        return self.alive.beam_indices[:, :, self.length - 1 - self.prompt_length].reshape(-1)  # [N]
 
-    def _grow(self, log_probs: torch.Tensor):
-        """The top C = 2K continuations of each example. ``log_probs`` is ``[B, K, V]``."""
+    def _grow(self, log_probs: torch.Tensor) -> Hypotheses:
+        """The top C = 2K continuations of each example, scored by their sums of log-probs; ``log_probs [B, K, V]``."""
         b, k, vocab = log_probs.shape
-        scores, flat = top_totals(log_probs, self.running_scores, 2 * k)  # [B, C]: topk of the [B, K*V] sums
+        scores, flat = top_totals(log_probs, self.alive.scores, 2 * k)  # [B, C]: topk of the [B, K*V] sums
         self.watch.flag(torch.isnan(scores).any(dim=1) & ~self.example_done)  # NaN ranks first; done ones are final
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
-        position = self.length - self.prompt_length
-        sequences = gather_beams(self.running_sequences, parents)  # [B, C, L]
-        sequences[:, :, self.length] = tokens
-        beam_indices = gather_beams(self.running_beam_indices, parents)  # [B, C, G]
-        beam_indices[:, :, position] = parents + torch.arange(b, device=flat.device)[:, None] * k
-        token_log_probs = gather_beams(self.running_token_log_probs, parents)  # [B, C, G]
-        token_log_probs[:, :, position] = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)
-        return scores, sequences, beam_indices, token_log_probs
+        rows = parents + torch.arange(b, device=flat.device)[:, None] * k  # [B, C] flat rows
+        token_log_probs = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)  # [B, C]
+        candidates = self.alive.extend(parents, tokens, token_log_probs, rows, self.length)
+        candidates.scores = scores
+        return candidates
 
-    def _register(self, registered, scores, sequences, beam_indices, token_log_probs) -> None:
-        """Add the ended candidates among the first K to the hypotheses; keep the best P by final score."""
+    def _register(self, registered: torch.Tensor, candidates: Hypotheses) -> None:
+        """Add the ended candidates among the first K (``registered [B, K]``); keep the best P by final score."""
         k, n = self.rows_per_example, self.num_return_sequences
+        first = candidates.map(lambda value: value[:, :k])  # [B, K]
         generated = self.length + 1 - self.prompt_length  # the end token counts, as in CTranslate2's decode
-        reasons = classify_stop(flatten_beams(sequences[:, :k, : self.length + 1]), flatten_beams(registered),
+        reasons = classify_stop(flatten_beams(first.tokens[:, :, : self.length + 1]), flatten_beams(registered),
                                 self.eos_token_id, self.max_length).reshape(registered.shape)  # [B, K]
-        final = ct2_length_normalised(scores[:, :k], torch.full_like(reasons, generated), self.length_penalty)
+        final = ct2_length_normalised(first.scores, torch.full_like(reasons, generated), self.length_penalty)
         self.num_registered += registered.sum(dim=-1)
         self.top_beam_ended |= registered[:, 0]
-        merged_valid = torch.cat((self.is_registered, registered), dim=1)  # [B, P + K]
-        merged_final = torch.cat((self.scores, final), dim=1)
+        merged_valid = torch.cat((self.hypotheses.finished, registered), dim=1)  # [B, P + K]
+        merged_final = torch.cat((self.hypotheses.scores, final), dim=1)
         order = torch.sort(merged_final, dim=1, descending=True, stable=True)[1]
         order = torch.take_along_dim(order, torch.sort(merged_valid.gather(1, order).int(), dim=1, descending=True,
                                                        stable=True)[1], dim=1)[:, :n]  # [B, P] valid first, best first
-        self.is_registered = merged_valid.gather(1, order)
-        self.scores = merged_final.gather(1, order)
-        self.sum_log_probs = torch.cat((self.sum_log_probs, scores[:, :k]), dim=1).gather(1, order)
-        self.generated = torch.cat((self.generated, torch.full_like(reasons, generated)), dim=1).gather(1, order)
-        self.finish_reason = torch.cat((self.finish_reason, reasons), dim=1).gather(1, order)
-        self.sequences = gather_beams(torch.cat((self.sequences, sequences[:, :k]), dim=1), order)
-        self.beam_indices = gather_beams(torch.cat((self.beam_indices, beam_indices[:, :k]), dim=1), order)
-        self.token_log_probs = gather_beams(torch.cat((self.token_log_probs, token_log_probs[:, :k]), dim=1), order)
+        self.hypotheses = self.hypotheses.merge(
+            first.replace(scores=final, sum_log_probs=first.scores, finished=registered, reasons=reasons), order)
 
     def _live_positions(self, ended: torch.Tensor, registered: torch.Tensor) -> torch.Tensor:
-        """Which candidate fills each live beam: itself, or if it was registered, the next unended secondary one.
-
-        Args:
-            ended: BoolTensor ``[B, C]``; registered: BoolTensor ``[B, K]``.
-
-        Returns:
-            LongTensor ``[B, K]`` of candidate positions.
-        """
+        """Which candidate fills each live beam (positions ``[B, K]``, from ``ended [B, C]`` and ``registered [B, K]``):
+        itself, or if it was registered, the next unended secondary one."""
         k = self.rows_per_example
         secondary_ended = ended[:, k:]  # [B, K]
         unended_first = torch.sort(secondary_ended.int(), dim=1, stable=True)[1] + k  # [B, K] unended in rank order
@@ -166,12 +141,6 @@ class CT2BeamSearch:
         replaced = registered & (rank < available)
         own = torch.arange(k, device=ended.device).expand_as(rank)
         return torch.where(replaced, unended_first.gather(1, rank.clamp(min=0)), own)
-
-    def _update_running(self, keep, scores, sequences, beam_indices, token_log_probs) -> None:
-        self.running_sequences = gather_beams(sequences, keep)
-        self.running_scores = gather_beams(scores, keep)
-        self.running_beam_indices = gather_beams(beam_indices, keep)
-        self.running_token_log_probs = gather_beams(token_log_probs, keep)
 
     def _update_example_done(self) -> None:
         if self.length >= self.max_length:
@@ -185,21 +154,9 @@ class CT2BeamSearch:
         return self._done or self.watch.read(torch.all(self.example_done).reshape(1))[0]
 
     def result(self) -> SearchResult:
-        width = self.watch.read_max(self.generated)
-        token_log_probs = self.token_log_probs[:, :, :width]
-        scores, logits = self.trace.as_tuples()
-        return SearchResult(
-            sequences=self.sequences[:, :, : self.prompt_length + width],
-            sequences_scores=self.scores,
-            sum_log_probs=self.sum_log_probs,
-            token_log_probs=token_log_probs,
-            lengths=self.prompt_length + self.generated,
-            finish_reason=torch.where(self.is_registered, self.finish_reason, int(FinishReason.NONE)),
-            prompt_length=self.prompt_length,
-            scores=scores,
-            logits=logits,
-            beam_indices=self.beam_indices[:, :, :width],
-        )
+        # the generated lengths are the counts of beam_indices >= 0 (for a registered hypothesis, the end included)
+        return self.hypotheses.result(self.num_return_sequences, self.trace, self.watch,
+                                      sum_log_probs=self.hypotheses.sum_log_probs)
 
 
 def _check_options(options) -> None:
