@@ -24,11 +24,11 @@ from ..scoring import hf_length_normalised
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import MASK, StepTrace
-from .pool import Hypotheses, first_live
-from .score_checks import ScoreWatch, check_enough_hypotheses, sample
+from .pool import Hypotheses, PoolSearch, first_live
+from .score_checks import check_enough_hypotheses, sample
 
 
-class BeamSearch:
+class BeamSearch(PoolSearch):
     """Beam search (``do_sample=False``) or beam sampling (``do_sample=True``).
 
     ``live``: the K beams, scored by their total log-prob; ``finished``: the pool of K finished hypotheses,
@@ -55,22 +55,14 @@ class BeamSearch:
         unique_key: UniqueKey | None = None,
         output_alignments: bool = False,
     ):
-        b, t0 = input_ids.shape
-        k = num_beams
-        device = input_ids.device
-        self.rows_per_example = k
-        self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
-        self.processors, self.criteria, self.trace = processors, criteria, trace
+        super().__init__(input_ids, num_beams, max_length, processors, criteria, trace)
+        (b, t0), k, device = input_ids.shape, num_beams, input_ids.device
         self.do_sample, self.eos_token_id = do_sample, eos_token_id
         self.length_penalty, self.early_stopping = length_penalty, early_stopping
         self.num_return_sequences = num_return_sequences
         self.num_candidates = max(2, 1 + len(eos_token_id or ())) * k
-        self.length = t0
         self.live = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=first_live(b, k, MASK, device))
-        self.finished = Hypotheses.start(
-            input_ids, k, max_length, fill_token_id, scores=torch.full((b, k), MASK, device=device),
-            finished=torch.zeros(b, k, dtype=torch.bool, device=device),
-            reasons=torch.zeros(b, k, dtype=torch.long, device=device))
+        self.finished = Hypotheses.empty(input_ids, k, max_length, fill_token_id, MASK)
         self.can_improve = torch.ones(b, 1, dtype=torch.bool, device=device)  # [B, 1]
         self.hits = torch.zeros(b, k, dtype=torch.bool, device=device)  # [B, C] candidates that met a criterion
         self.top_k_mask = torch.arange(self.num_candidates, device=device) < k  # [C]
@@ -83,10 +75,6 @@ class BeamSearch:
         self.keep_alignments = output_alignments
         # finished examples leave the batch (only when that is exact: see compaction.removal_is_exact)
         self.active = ActiveExamples(b, device) if remove_finished else None
-        self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
-
-    def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.live.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None,
                 owned: bool = False) -> torch.Tensor | None:

@@ -39,8 +39,8 @@ from ..scoring import ct2_length_normalised
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import MASK, StepTrace
-from .pool import Hypotheses, first_live
-from .score_checks import ScoreWatch, check_enough_hypotheses
+from .pool import Hypotheses, PoolSearch, first_live
+from .score_checks import check_enough_hypotheses
 
 
 def ct2_max_hypotheses(num_beams: int, patience: float) -> int:
@@ -48,37 +48,29 @@ def ct2_max_hypotheses(num_beams: int, patience: float) -> int:
     return int(math.floor(num_beams * patience + 0.5))
 
 
-class CT2BeamSearch:
+class CT2BeamSearch(PoolSearch):
     """CTranslate2's beam search (``semantics="ct2"``, ``num_beams > 1``)."""
 
     def __init__(self, input_ids, max_length, processors, criteria, *, options, fill_token_id, trace: StepTrace,
                  source_lengths=None):
         _check_options(options)
+        super().__init__(input_ids, options.num_beams, max_length, processors, criteria, trace)
         (b, t0), k, device = input_ids.shape, options.num_beams, input_ids.device
-        self.rows_per_example, self.batch_size, self.prompt_length, self.max_length = k, b, t0, max_length
-        self.processors, self.criteria, self.trace = processors, criteria, trace
         self.eos_token_id = options.eos_token_id
         self.length_penalty = 0.0 if options.length_penalty_type == "none" else float(options.length_penalty)
         self.num_return_sequences = n = options.num_return_sequences
         self.max_hypotheses = ct2_max_hypotheses(k, options.patience)
         self.early_exit = self.length_penalty == 0.0
-        self.length = t0
-        # alive: the K beams, scored by their sums of log-probs; hypotheses: the P registered ones ("finished"; a slot
-        # may hold an unregistered candidate, or nothing), scored by their final scores, "sum_log_probs" their sums
-        self.alive = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=first_live(b, k, MASK, device))
-        self.hypotheses = Hypotheses.start(
-            input_ids, n, max_length, fill_token_id, scores=torch.full((b, n), -math.inf, device=device),
-            sum_log_probs=torch.full((b, n), -math.inf, device=device),
-            finished=torch.zeros(b, n, dtype=torch.bool, device=device),
-            reasons=torch.zeros(b, n, dtype=torch.long, device=device))
+        # live: the K beams (CTranslate2's alive_seq), scored by their sums of log-probs; hypotheses: the P
+        # registered ones ("finished"; a slot may hold an unregistered candidate, or nothing), scored by their final
+        # scores, "sum_log_probs" their sums
+        self.live = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=first_live(b, k, MASK, device))
+        self.hypotheses = Hypotheses.empty(input_ids, n, max_length, fill_token_id, -math.inf).replace(
+            sum_log_probs=torch.full((b, n), -math.inf, device=device))
         self.num_registered = torch.zeros(b, dtype=torch.long, device=device)  # [B]
         self.top_beam_ended = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
         self.example_done = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
         self._done = max_length <= t0
-        self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
-
-    def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.alive.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step; returns the flat parent row of each new live beam, ``[N]``."""
@@ -95,20 +87,20 @@ class CT2BeamSearch:
         ended = ended.reshape(b, -1) | (self.length + 1 >= self.max_length)  # [B, C]
         registered = ended[:, : self.rows_per_example] & ~self.example_done[:, None]  # [B, K]
         self._register(registered, candidates)
-        self.alive = candidates.gather(self._live_positions(ended, registered))  # [B, K]
+        self.live = candidates.gather(self._live_positions(ended, registered))  # [B, K]
         self.length += 1
         self._update_example_done()
-        return self.alive.beam_indices[:, :, self.length - 1 - self.prompt_length].reshape(-1)  # [N]
+        return self.live.beam_indices[:, :, self.length - 1 - self.prompt_length].reshape(-1)  # [N]
 
     def _grow(self, log_probs: torch.Tensor) -> Hypotheses:
         """The top C = 2K continuations of each example, scored by their sums of log-probs; ``log_probs [B, K, V]``."""
         b, k, vocab = log_probs.shape
-        scores, flat = top_totals(log_probs, self.alive.scores, 2 * k)  # [B, C]: topk of the [B, K*V] sums
+        scores, flat = top_totals(log_probs, self.live.scores, 2 * k)  # [B, C]: topk of the [B, K*V] sums
         self.watch.flag(torch.isnan(scores).any(dim=1) & ~self.example_done)  # NaN ranks first; done ones are final
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         rows = parents + torch.arange(b, device=flat.device)[:, None] * k  # [B, C] flat rows
         token_log_probs = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)  # [B, C]
-        candidates = self.alive.extend(parents, tokens, token_log_probs, rows, self.length)
+        candidates = self.live.extend(parents, tokens, token_log_probs, rows, self.length)
         candidates.scores = scores
         return candidates
 

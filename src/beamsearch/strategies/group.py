@@ -30,19 +30,18 @@ from __future__ import annotations
 
 import torch
 
-from ..beams import flat_parent_rows, flatten_beams
+from ..beams import flat_parent_rows
 from ..processors import ProcessorList
 from ..results import FinishReason, SearchResult
 from ..scoring import hf_length_normalised
 from ..selection import top_totals
 from .base import MASK, StepTrace
-from .pool import Hypotheses, first_live
-from .score_checks import ScoreWatch
+from .pool import Hypotheses, PoolSearch, first_live
 
 EMPTY = float("-inf")  # the score of an empty place in a finished pool (only ever compared, never multiplied)
 
 
-class GroupBeamSearch:
+class GroupBeamSearch(PoolSearch):
     """Diverse beam search over G groups of S beams each; ``remove_finished`` does not apply (rows stay).
 
     ``live``: the K beams of each example, :class:`Hypotheses` ``[B, K]`` (group g's are ``g*S .. g*S + S-1``),
@@ -69,19 +68,17 @@ class GroupBeamSearch:
         num_return_sequences: int,
         trace: StepTrace,
     ):
+        super().__init__(input_ids, num_beams, max_length, processors, criteria, trace)
         (b, t0), k, g, device = input_ids.shape, num_beams, num_beam_groups, input_ids.device
         s = k // g
-        self.rows_per_example, self.num_groups, self.group_size = k, g, s
-        self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
-        self.diversity_penalty, self.pad_token_id = diversity_penalty, pad_token_id
-        self.criteria, self.trace, self.eos_token_id = criteria, trace, eos_token_id
+        self.num_groups, self.group_size = g, s
+        self.diversity_penalty, self.pad_token_id, self.eos_token_id = diversity_penalty, pad_token_id, eos_token_id
         self.length_penalty, self.early_stopping = length_penalty, early_stopping
         self.num_return_sequences = num_return_sequences
         self.num_candidates = max(2, 1 + len(eos_token_id or ())) * s
         self.eos = torch.tensor(eos_token_id, dtype=torch.long, device=device) if eos_token_id else None
         # pool scores in float64, as 4.x's Python floats (float32 where the device has no float64)
         self.pool_dtype = torch.float32 if device.type == "mps" else torch.float64
-        self.length = t0
         # only the first beam of each group is live at step 0
         self.live = Hypotheses.start(input_ids, k, max_length, fill_token_id,
                                      scores=first_live(b * g, s, MASK, device).reshape(b, k))
@@ -97,10 +94,6 @@ class GroupBeamSearch:
         self.group_rows = [(torch.arange(b, device=device)[:, None] * k + beams[i]).reshape(-1) for i in range(g)]
         self.group_processors = [_select_rows(processors, rows) for rows in self.group_rows]
         self._stop: torch.Tensor | bool = max_length <= t0
-        self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
-
-    def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.live.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step: the groups in order; returns the flat parent row of each new live beam, ``[N]``."""

@@ -37,6 +37,8 @@ far, t0 start tokens, G = L - t0 generated positions, P = num_return_sequences.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
@@ -45,15 +47,14 @@ from ..results import SearchResult
 from ..scoring import coverage_penalty, length_penalty
 from ..stopping import classify_stop
 from .base import StepTrace
-from .pool import Hypotheses, first_live
-from .score_checks import ScoreWatch
+from .pool import Hypotheses, PoolSearch, first_live
 
 DEAD = -65504.0  # OpenNMT's cumulative log-prob for a beam that ended
 BLOCKED = -10e20  # OpenNMT's score for a token that would repeat an n-gram
 EMPTY = -1.0e10  # OpenNMT's initial best finished score per token (ratio)
 
 
-class ONMTBeamSearch:
+class ONMTBeamSearch(PoolSearch):
     """OpenNMT-py's beam search (see the module docstring).
 
     ``alive``: the K beams (OpenNMT's ``alive_seq``); its ``scores`` are cumulative log-probs (``topk_log_probs``,
@@ -67,9 +68,8 @@ class ONMTBeamSearch:
                  source_lengths=None):
         _check_options(options)
         (b, t0), k, p, device = input_ids.shape, options.num_beams, options.num_return_sequences, input_ids.device
-        self.rows_per_example, self.n_best = k, p
-        self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
-        self.processors, self.criteria, self.trace = processors, criteria, trace
+        super().__init__(input_ids, k, max_length, processors, criteria, trace)
+        self.n_best = p
         self.eos_ids = options.eos_token_id
         self.eos = torch.tensor(options.eos_token_id, dtype=torch.long, device=device)
         self.lp_kind, self.alpha = options.length_penalty_type or "avg", options.length_penalty
@@ -88,9 +88,9 @@ class ONMTBeamSearch:
             self.limits = torch.minimum(self.limits, tied)
         self.ngram = options.block_ngram_repeat
         self.exclusions = torch.tensor(options.ignore_when_blocking or (), dtype=torch.long, device=device)
-        self.length = t0
-        alive = first_live(b, k, -float("inf"), device)  # [B, K] cumulative log-probs
-        self.alive = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=alive)
+        # live: the K beams (OpenNMT's alive_seq), scored by their cumulative log-probs
+        scores = first_live(b, k, -math.inf, device)
+        self.live = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=scores)
         self.prev_penalty = None  # [B, K] stepwise coverage penalty already folded in
         # an empty place holds fill tokens only (the start tokens too)
         self.hypotheses = Hypotheses.start(
@@ -101,14 +101,10 @@ class ONMTBeamSearch:
         self.best_per_token = torch.full((b,), EMPTY, device=device)  # ratio: best finished score / length
         self.done = torch.zeros(b, dtype=torch.bool, device=device)  # [B]
         self._over = max_length <= t0
-        self.watch = ScoreWatch()  # NaN in the beams' scores, read with the step's host sync
-
-    def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.alive.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step; returns the flat parent row of each new beam, ``[N]``."""
-        b, k, alive = self.batch_size, self.rows_per_example, self.alive
+        b, k, alive = self.batch_size, self.rows_per_example, self.live
         if self.cov_kind != "none" and attention is None:
             raise ValueError("coverage_penalty needs the step function to return (logits, state, attention [N, S])")
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
@@ -128,18 +124,18 @@ class ONMTBeamSearch:
         self.watch.flag(torch.isnan(top_scores).any(dim=1) & ~self.done)  # NaN ranks first; done examples are final
         parents, tokens = flat // vocab, flat % vocab  # [B, K]
         token_log_probs = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)  # [B, K]
-        self.alive = alive.extend(parents, tokens, token_log_probs, flat_parent_rows(parents).reshape(b, k),
+        self.live = alive.extend(parents, tokens, token_log_probs, flat_parent_rows(parents).reshape(b, k),
                                   self.length)
-        self.alive.scores = top_scores * penalty
+        self.live.scores = top_scores * penalty
         if attn is not None and self.cov_kind != "none":
             chosen = gather_beams(attn, parents)  # [B, K, S]
-            if "coverage" not in self.alive:  # the first step
-                self.alive.coverage, self.prev_penalty = chosen, torch.zeros_like(self.alive.scores)
+            if "coverage" not in self.live:  # the first step
+                self.live.coverage, self.prev_penalty = chosen, torch.zeros_like(self.live.scores)
             else:
-                self.alive.coverage = self.alive.coverage + chosen
-                self.prev_penalty = self._coverage_penalty(self.alive.coverage)
+                self.live.coverage = self.live.coverage + chosen
+                self.prev_penalty = self._coverage_penalty(self.live.coverage)
             if not self.stepwise:
-                top_scores = top_scores - self._coverage_penalty(self.alive.coverage)
+                top_scores = top_scores - self._coverage_penalty(self.live.coverage)
         self.length += 1
         ended = torch.isin(tokens, self.eos)  # [B, K]
         stopped = self.criteria(self.tokens(), self.trace.scores).reshape(b, k)
@@ -156,7 +152,7 @@ class ONMTBeamSearch:
     def _block_ngrams(self, scores: torch.Tensor) -> torch.Tensor:
         """Give ``BLOCKED`` to every token that would repeat an n-gram of its beam. ``scores`` is ``[B, K, V]``."""
         n = self.ngram
-        window = self.alive.tokens[:, :, self.prompt_length - 1 : self.length]  # [B, K, m], one start token
+        window = self.live.tokens[:, :, self.prompt_length - 1 : self.length]  # [B, K, m], one start token
         m = window.shape[-1]
         if n < 2 or m < n:
             return scores
@@ -176,7 +172,7 @@ class ONMTBeamSearch:
         b, k = finished.shape
         new = finished & ~self.done[:, None]  # [B, K]
         any_new = new.any(dim=1)  # [B]
-        self.alive.scores = self.alive.scores.masked_fill(finished, DEAD)
+        self.live.scores = self.live.scores.masked_fill(finished, DEAD)
         if self.ratio > 0:
             per_token = torch.where(new, scores / (self.length - self.prompt_length + 2), EMPTY).max(dim=1)[0]
             self.best_per_token = torch.maximum(self.best_per_token, per_token)
@@ -188,7 +184,7 @@ class ONMTBeamSearch:
         candidate_scores = torch.where(new, scores, -float("inf"))  # [B, K]
         merged = torch.cat((self.hypotheses.scores, candidate_scores), dim=1)  # [B, P + K]
         order = torch.sort(merged, dim=1, descending=True, stable=True)[1][:, : self.n_best]  # [B, P]
-        self.hypotheses = self.hypotheses.merge(self.alive.replace(scores=candidate_scores, reasons=reasons), order)
+        self.hypotheses = self.hypotheses.merge(self.live.replace(scores=candidate_scores, reasons=reasons), order)
         self.pool_count += new.sum(dim=1)
         self.done |= any_new & flag & (self.pool_count >= self.n_best)
 

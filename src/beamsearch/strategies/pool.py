@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from ..beams import gather_beams
+from ..beams import flatten_beams, gather_beams
 from ..results import FinishReason, SearchResult
+from .score_checks import ScoreWatch
 
 
 class Hypotheses:
@@ -56,6 +57,17 @@ class Hypotheses:
         tokens[:, :, :t0] = input_ids[:, None, :]
         return cls(t0, tokens=tokens, token_log_probs=torch.zeros(b, count, g, device=input_ids.device),
                    beam_indices=torch.full((b, count, g), -1, dtype=torch.long, device=input_ids.device), **fields)
+
+    @classmethod
+    def empty(cls, input_ids: torch.Tensor, count: int, max_length: int, fill_token_id: int, score: float,
+              dtype: torch.dtype = torch.float32) -> Hypotheses:
+        """A finished pool with ``count`` empty places per example: ``scores`` all ``score`` (``dtype``),
+        ``finished`` False, ``reasons`` 0 (``FinishReason.NONE``)."""
+        b, device = input_ids.shape[0], input_ids.device
+        return cls.start(input_ids, count, max_length, fill_token_id,
+                         scores=torch.full((b, count), score, dtype=dtype, device=device),
+                         finished=torch.zeros(b, count, dtype=torch.bool, device=device),
+                         reasons=torch.zeros(b, count, dtype=torch.long, device=device))
 
     def __getattr__(self, name: str) -> torch.Tensor:
         try:
@@ -161,6 +173,33 @@ class Hypotheses:
             beam_indices=beam_indices[:, :, :width],
             **fields,
         )
+
+
+class PoolSearch:
+    """What the strategies over pools share: their configuration, the step's length and the live pool's tokens.
+
+    A subclass keeps its K live hypotheses per example in ``self.live`` (:class:`Hypotheses` ``[B, K, ...]``),
+    whose tokens the model sees next.
+
+    Args:
+        input_ids: LongTensor ``[B, t0]``, the start tokens.
+        rows_per_example: K.
+        max_length: L, start tokens included.
+        processors, criteria, trace: the search's processors, stopping criteria and step trace.
+    """
+
+    live: Hypotheses
+
+    def __init__(self, input_ids: torch.Tensor, rows_per_example: int, max_length: int, processors: Any,
+                 criteria: Any, trace: Any):
+        self.batch_size, self.prompt_length = input_ids.shape
+        self.rows_per_example, self.max_length = rows_per_example, max_length
+        self.processors, self.criteria, self.trace = processors, criteria, trace
+        self.length = self.prompt_length  # t: tokens so far, start tokens included
+        self.watch = ScoreWatch()  # NaN in the step's scores, read with the step's one host sync
+
+    def tokens(self) -> torch.Tensor:
+        return flatten_beams(self.live.tokens[:, :, : self.length])  # [N, t]
 
 
 def first_live(batch_size: int, count: int, dead: float, device: torch.device) -> torch.Tensor:

@@ -19,11 +19,11 @@ from ..results import FinishReason, SearchResult
 from ..scoring import hf_length_normalised
 from ..stopping import classify_stop
 from .base import StepTrace
-from .pool import Hypotheses
-from .score_checks import ScoreWatch, sample
+from .pool import Hypotheses, PoolSearch
+from .score_checks import sample
 
 
-class SamplingSearch:
+class SamplingSearch(PoolSearch):
     """One row per hypothesis; ``do_sample=False`` is greedy search."""
 
     def __init__(
@@ -42,23 +42,13 @@ class SamplingSearch:
         remove_finished: bool = False,
         output_alignments: bool = False,
     ):
-        batch_size, prompt_length = input_ids.shape
-        b, k, device = batch_size, rows_per_example, input_ids.device
-        self.rows_per_example = rows_per_example
-        self.batch_size = batch_size
-        self.prompt_length = prompt_length
-        self.max_length = max_length
-        self.processors = processors
-        self.criteria = criteria
-        self.do_sample = do_sample
-        self.eos_token_id = eos_token_id
-        self.pad_token_id = pad_token_id
+        super().__init__(input_ids, rows_per_example, max_length, processors, criteria, trace)
+        (b, prompt_length), k, device = input_ids.shape, rows_per_example, input_ids.device
+        self.do_sample, self.eos_token_id, self.pad_token_id = do_sample, eos_token_id, pad_token_id
         self.length_penalty = length_penalty
-        self.trace = trace
-        self.length = prompt_length
         # the K rows of each example; "lengths" [B, K] counts the tokens of a row until it finished, "running"
         # [B, K] says which rows have not (the tokens after the end are pad tokens, their log-probs 0)
-        self.rows = Hypotheses.start(
+        self.live = Hypotheses.start(
             input_ids, k, max_length, pad_token_id,
             running=torch.ones(b, k, dtype=torch.bool, device=device),
             lengths=torch.full((b, k), prompt_length, dtype=torch.long, device=device),
@@ -67,15 +57,11 @@ class SamplingSearch:
         # examples whose rows all finished leave the batch (greedy only: sampling would draw differently)
         removal = remove_finished and not do_sample
         self.keep_alignments = output_alignments  # the field "alignments" [B, K, G, S], added at the first step
-        self.active = ActiveExamples(batch_size, device) if removal else None
-        self.watch = ScoreWatch()  # NaN in the chosen tokens' log-probs, read with the step's host sync
-
-    def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.rows.tokens[:, :, : self.length])  # [N, t]
+        self.active = ActiveExamples(b, device) if removal else None
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> None:
         """One step: process, pick a token per row, pad finished rows, update stopping state."""
-        rows, tokens = self.rows, self.tokens()
+        rows, tokens = self.live, self.tokens()
         b = rows.running.shape[0]  # B': the active examples
         running = rows.running.reshape(-1)  # [N]
         # owned logits are masked in place, unless the trace keeps them (it records them after processing)
@@ -115,19 +101,19 @@ class SamplingSearch:
         if attention is None:
             raise ValueError("output_alignments needs the step function to return (logits, state, attention [N, S])")
         attention = attention.float()  # [N, S]
-        if "alignments" not in self.rows:
-            b, k, g = self.rows.token_log_probs.shape
-            self.rows.alignments = attention.new_zeros(b, k, g, attention.shape[1])
-        flatten_beams(self.rows.alignments)[:, position] = torch.where(running[:, None], attention, 0.0)
+        if "alignments" not in self.live:
+            b, k, g = self.live.token_log_probs.shape
+            self.live.alignments = attention.new_zeros(b, k, g, attention.shape[1])
+        flatten_beams(self.live.alignments)[:, position] = torch.where(running[:, None], attention, 0.0)
 
     def _remove_done(self) -> torch.Tensor | None:
         """Drop the examples whose rows all finished (the step's one host sync); their rows' results are final."""
         k = self.rows_per_example
-        done = self.watch.read(~self.rows.running.any(dim=1))  # [B']
+        done = self.watch.read(~self.live.running.any(dim=1))  # [B']
         self._done = self._done or all(done)
         if self._done or not any(done):
             return None
-        keep, self.rows, _ = self.active.drop(done, self.rows, ())
+        keep, self.live, _ = self.active.drop(done, self.live, ())
         kept_rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).reshape(-1)  # [N'']
         self.processors = self.processors.select_rows(kept_rows)
         return kept_rows
@@ -135,13 +121,13 @@ class SamplingSearch:
     def is_done(self) -> bool:
         if self.active is not None or self._done:  # advance() decided
             return self._done
-        return not self.watch.read(self.rows.running.any().reshape(1))[0]
+        return not self.watch.read(self.live.running.any().reshape(1))[0]
 
     def result(self) -> SearchResult:
         self.watch.close()
         if self.active is not None:
-            self.rows = self.active.finish(self.rows)
-        rows, generated = self.rows, self.length - self.prompt_length
+            self.live = self.active.finish(self.live)
+        rows, generated = self.live, self.length - self.prompt_length
         sum_log_probs = rows.token_log_probs.sum(dim=-1)  # [B, K]
         lengths = (rows.lengths - self.prompt_length).clamp(min=1).to(sum_log_probs.dtype)
         scores, logits = self.trace.as_tuples()

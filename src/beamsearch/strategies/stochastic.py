@@ -42,8 +42,7 @@ from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..stopping import classify_stop
 from .base import StepTrace
-from .pool import Hypotheses
-from .score_checks import ScoreWatch
+from .pool import Hypotheses, PoolSearch
 
 NEG_INF = float("-inf")  # the key of an empty slot or an impossible child (only compared, never multiplied)
 
@@ -118,7 +117,7 @@ class StochasticBeamResult(SearchResult):
         return importance_weights(self.sum_log_probs, self.threshold)
 
 
-class StochasticBeamSearch:
+class StochasticBeamSearch(PoolSearch):
     """Stochastic beam search (``stochastic_beam_search=True``): K samples without replacement per example.
 
     ``slots``: the K nodes of each example, :class:`Hypotheses` ``[B, K]``, whose ``scores`` are the Gumbel keys
@@ -140,27 +139,20 @@ class StochasticBeamSearch:
         num_return_sequences: int,
         trace: StepTrace,
     ):
-        (b, t0), k, device = input_ids.shape, num_beams, input_ids.device
-        self.rows_per_example, self.batch_size, self.prompt_length, self.max_length = k, b, t0, max_length
-        self.processors, self.criteria, self.trace = processors, criteria, trace
+        super().__init__(input_ids, num_beams, max_length, processors, criteria, trace)
+        b, k, device = input_ids.shape[0], num_beams, input_ids.device
         self.eos_token_id, self.fill_token_id, self.temperature = eos_token_id, fill_token_id, temperature
         self.num_return_sequences = num_return_sequences
-        self.length = t0
+        # live: the K slots, scored by their Gumbel keys; "phi" their log-probs; a finished slot stays in place
         keys = torch.full((b, k), NEG_INF, device=device)
         keys[:, 0] = gumbel((b,), device)  # the root: G ~ Gumbel(phi = 0); only the first beam is live
-        self.slots = Hypotheses.start(
-            input_ids, k, max_length, fill_token_id, scores=keys, phi=torch.zeros(b, k, device=device),
-            finished=torch.zeros(b, k, dtype=torch.bool, device=device),
-            reasons=torch.zeros(b, k, dtype=torch.long, device=device))
+        self.live = Hypotheses.empty(input_ids, k, max_length, fill_token_id, NEG_INF).replace(
+            scores=keys, phi=torch.zeros(b, k, device=device))
         self.threshold = torch.full((b,), NEG_INF, device=device)  # [B] kappa: the largest key dropped so far
-        self.watch = ScoreWatch()  # NaN in the live beams' log-probs, read with the step's host sync
-
-    def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.slots.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step: expand the live beams, keep the K best keys; returns the flat parent rows ``[N]``."""
-        slots = self.slots
+        slots = self.live
         b, k = slots.scores.shape
         scores = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         log_probs = torch.log_softmax(scores / self.temperature, dim=-1)  # [N, V] the distribution sampled
@@ -185,7 +177,7 @@ class StochasticBeamSearch:
         token_log_probs = torch.where(grown, torch.gather(flat, 1, chosen.clamp(max=k * vocab - 1)), 0.0)
         rows = torch.where(grown, flat_parent_rows(parents).reshape(b, k), -1)
         # the new slots: gathered from their parents, with this step's token where grown
-        self.slots = slots = slots.extend(parents, tokens, token_log_probs, rows, self.length)
+        self.live = slots = slots.extend(parents, tokens, token_log_probs, rows, self.length)
         slots.phi, slots.scores = slots.phi + token_log_probs, keys
         self.length += 1
         hits = self.criteria(self.tokens(), self.trace.scores).reshape(b, k)  # [B, K]
@@ -198,18 +190,18 @@ class StochasticBeamSearch:
     def _child_keys(self, log_probs: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         """Every child's key, ``[B, K*V]``: -inf for the children of finished and empty slots (not ``live [B, K]``)."""
         b, k, vocab = log_probs.shape
-        perturbed = self.slots.phi[:, :, None] + log_probs + gumbel((b, k, vocab), log_probs.device)  # [B, K, V]
-        keys = conditional_keys(self.slots.scores[:, :, None], perturbed)
+        perturbed = self.live.phi[:, :, None] + log_probs + gumbel((b, k, vocab), log_probs.device)  # [B, K, V]
+        keys = conditional_keys(self.live.scores[:, :, None], perturbed)
         return torch.where(live[:, :, None], keys, NEG_INF).reshape(b, k * vocab)
 
     def is_done(self) -> bool:
         if self.length >= self.max_length:
             return True
-        done = torch.all(self.slots.finished | (self.slots.scores == NEG_INF))
+        done = torch.all(self.live.finished | (self.live.scores == NEG_INF))
         return self.watch.read(done.reshape(1))[0]  # the step's one host synchronisation
 
     def result(self) -> StochasticBeamResult:
-        n, t0, slots = self.num_return_sequences, self.prompt_length, self.slots
+        n, t0, slots = self.num_return_sequences, self.prompt_length, self.live
         empty = slots.scores[:, :n] == NEG_INF  # [B, n]: fewer complete sequences than slots
         beam_indices = torch.where(empty[:, :, None], -1, slots.beam_indices[:, :n])  # [B, n, G]
         generated = (beam_indices >= 0).sum(dim=-1)  # [B, n]

@@ -45,8 +45,7 @@ from ..results import FinishReason, SearchResult
 from ..scoring import length_penalty
 from ..stopping import StoppingCriteriaList, is_max_length_criterion
 from .base import StepTrace
-from .pool import Hypotheses, first_live
-from .score_checks import ScoreWatch
+from .pool import Hypotheses, PoolSearch, first_live
 
 INF = 1.0e7  # tensor2tensor's "infinity": finite, so that -INF * 0 is 0
 
@@ -77,16 +76,15 @@ def top_k_in_index_order(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, to
     return values, torch.gather(indices, 1, order)
 
 
-class T2TBeamSearch:
+class T2TBeamSearch(PoolSearch):
     """tensor2tensor's beam search with GNMT length penalty (see the module docstring)."""
 
     def __init__(self, input_ids, max_length, processors, criteria, *, options, fill_token_id, trace: StepTrace,
                  source_lengths=None):
         _check_options(options)
+        # the length limit is the step count below, not a criterion
+        super().__init__(input_ids, options.num_beams, max_length, processors, _without_length_limit(criteria), trace)
         (b, t0), k, device = input_ids.shape, options.num_beams, input_ids.device
-        self.rows_per_example, self.batch_size, self.prompt_length, self.max_length = k, b, t0, max_length
-        self.processors, self.trace = processors, trace
-        self.criteria = _without_length_limit(criteria)  # the length limit is the step count below
         self.alpha, self.stop_early = float(options.length_penalty), bool(options.early_stopping)
         self.num_return_sequences = options.num_return_sequences
         eos = options.eos_token_id or ()
@@ -94,19 +92,12 @@ class T2TBeamSearch:
         self.num_candidates = (1 + max(len(eos), 1)) * k
         self.decode_length = max(max_length - t0, 0)  # G: t2t's decode_length
         self.step = 0  # t2t's loop index i: steps done
-        self.length = t0
-        # alive: the K beams, whose "scores" are their sums of log-probs (t2t's alive_log_probs, not penalised);
+        # live: the K alive beams (t2t's alive_seq), whose "scores" are their sums of log-probs (t2t's
+        # alive_log_probs, not penalised);
         # finished: the finished pool, scored by the penalised score (flags "finished", "reasons")
-        self.alive = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=first_live(b, k, -INF, device))
-        self.finished = Hypotheses.start(input_ids, k, max_length, fill_token_id,
-                                         scores=torch.full((b, k), -INF, device=device),
-                                         finished=torch.zeros(b, k, dtype=torch.bool, device=device),
-                                         reasons=torch.zeros(b, k, dtype=torch.long, device=device))
+        self.live = Hypotheses.start(input_ids, k, max_length, fill_token_id, scores=first_live(b, k, -INF, device))
+        self.finished = Hypotheses.empty(input_ids, k, max_length, fill_token_id, -INF)
         self.all_ended = torch.zeros((), dtype=torch.bool, device=device)
-        self.watch = ScoreWatch()  # NaN in the candidates' scores, read with the step's host sync
-
-    def tokens(self) -> torch.Tensor:
-        return flatten_beams(self.alive.tokens[:, :, : self.length])  # [N, t]
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> torch.Tensor:
         """One step of t2t's ``inner_loop``; returns the flat parent row of each new alive beam, ``[N]``."""
@@ -119,21 +110,21 @@ class T2TBeamSearch:
         self.all_ended = torch.all(finished)
         self.step += 1
         self.length += 1
-        return self.alive.beam_indices[:, :, self.step - 1].reshape(-1)  # [N]
+        return self.live.beam_indices[:, :, self.step - 1].reshape(-1)  # [N]
 
     def _grow_topk(self, log_probs: torch.Tensor) -> tuple[Hypotheses, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The top C extensions of the alive beams by penalised score (``grow_topk``), from ``log_probs [B, K, V]``:
         the candidates ``[B, C]`` scored by their sums of log-probs, then their penalised scores, whether they ended
         (with an end token or by a stopping criterion) and their FinishReason codes (meaningful where they ended)."""
         b, k, vocab = log_probs.shape
-        totals = (log_probs + self.alive.scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
+        totals = (log_probs + self.live.scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
         penalty = length_penalty("wu", self.step + 1, self.alpha)
         scores, flat = top_k_in_index_order(totals / penalty, min(self.num_candidates, k * vocab))  # [B, C]
         self.watch.flag(torch.isnan(scores).any(dim=1))  # a NaN in any of the example's rows is ranked first
         parents, tokens = flat // vocab, flat % vocab  # [B, C]
         rows = parents + torch.arange(b, device=flat.device)[:, None] * k  # [B, C] flat rows
         token_log_probs = torch.gather(log_probs.reshape(b, k * vocab), 1, flat)  # [B, C]
-        candidates = self.alive.extend(parents, tokens, token_log_probs, rows, self.length)
+        candidates = self.live.extend(parents, tokens, token_log_probs, rows, self.length)
         candidates.scores = torch.gather(totals, 1, flat)
         is_eos = torch.isin(tokens, self.eos_token_id)  # [B, C]
         hits = self.criteria(flatten_beams(candidates.tokens[:, :, : self.length + 1]), self.trace.scores)
@@ -144,7 +135,7 @@ class T2TBeamSearch:
     def _grow_alive(self, candidates: Hypotheses, scores: torch.Tensor, finished: torch.Tensor) -> None:
         """The best K candidates that did not end become the alive beams (``grow_alive``)."""
         scores = scores + finished.to(torch.float32) * -INF  # [B, C]
-        self.alive = candidates.gather(stable_top_k(scores, self.rows_per_example)[1])  # [B, K]
+        self.live = candidates.gather(stable_top_k(scores, self.rows_per_example)[1])  # [B, K]
 
     def _grow_finished(self, candidates: Hypotheses, scores: torch.Tensor, finished: torch.Tensor,
                        reasons: torch.Tensor) -> None:
@@ -157,7 +148,7 @@ class T2TBeamSearch:
         """t2t's ``_is_not_finished``, negated (one host synchronisation)."""
         if self.step >= self.decode_length:
             return True
-        lower_bound_alive_scores = self.alive.scores[:, 0] / length_penalty("wu", self.decode_length, self.alpha)
+        lower_bound_alive_scores = self.live.scores[:, 0] / length_penalty("wu", self.decode_length, self.alpha)
         if self.stop_early:
             finished_bound = self.finished.scores.max(dim=1)[0]  # [B]: the best finished
         else:
@@ -169,7 +160,7 @@ class T2TBeamSearch:
         """Per example, the finished pool if anything finished, else the alive beams with their log-probs."""
         finished = self.finished  # the alive beams count as finished for the result: their reason stands as it is
         alive_reason = FinishReason.MAX_LENGTH if self.length >= self.max_length else FinishReason.NONE
-        alive = self.alive.replace(finished=torch.ones_like(finished.finished),
+        alive = self.live.replace(finished=torch.ones_like(finished.finished),
                                    reasons=torch.full_like(finished.reasons, int(alive_reason)))
         chosen = finished.where(finished.finished.any(dim=1), alive)  # [B, K]
         return chosen.result(self.num_return_sequences, self.trace, self.watch)
