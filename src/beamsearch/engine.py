@@ -103,7 +103,7 @@ def search(
     processors = build_processors(
         options, prompt_length, per_row["padding_lengths"], list(logits_processor),
         source_lengths=per_row["source_lengths"], prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-        target_prefix=per_row["target_prefix"], prefix_bias_beta=_check_bias(prefix_bias_beta, target_prefix),
+        target_prefix=per_row["target_prefix"], prefix_bias_beta=_check_bias(prefix_bias_beta),
         encoder_input_ids=per_row["encoder_input_ids"],
     )
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
@@ -150,13 +150,12 @@ def _per_row(batch_size: int, rows: int, device: torch.device, padding_lengths: 
     return out
 
 
-def _check_bias(beta: float, target_prefix: Any) -> float:
+def _check_bias(beta: float) -> float:
+    """The value alone; that it needs a target_prefix is a row of the combinations table (``check``)."""
     if not beta:
         return 0.0
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:
         raise ValueError(f"prefix_bias_beta must be a number in (0, 1), got {beta!r}")
-    if target_prefix is None:
-        raise ValueError("prefix_bias_beta needs a target_prefix to bias toward")
     return float(beta)
 
 

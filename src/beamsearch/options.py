@@ -2,7 +2,9 @@
 
 Option names and defaults are those of Hugging Face ``GenerationConfig`` so that a user can move
 between ``model.generate(**kwargs)`` and ``beamsearch.search(step, ids, **kwargs)`` without renaming
-anything. Every option that would change results but is not implemented is rejected by name.
+anything. Every option that would change results but is not implemented is rejected by name. Each value is checked
+here; the combinations of options are rows of one table (``strategies/validation.py``), walked here for those that
+need only the options and again, with the search's arguments, before a strategy is built.
 """
 
 from __future__ import annotations
@@ -13,17 +15,17 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+from .strategies.validation import check_combinations
+
 # Generation options we know of but do not implement; passing a non-default value is an error,
 # never a silent no-op.
 UNSUPPORTED_OPTIONS: dict[str, tuple] = {
     "constraints": (),
-    "force_words_ids": (),
     "penalty_alpha": (0.0,),
     "dola_layers": (),
     "guidance_scale": (1.0,),
     "sequence_bias": (),
     "exponential_decay_length_penalty": (),
-    "prefix_allowed_tokens_fn": (),
     "watermarking_config": (),
     "top_h": (),
     "assistant_model": (),
@@ -35,6 +37,17 @@ UNSUPPORTED_OPTIONS: dict[str, tuple] = {
     "assistant_early_exit": (),
     "prefill_chunk_size": (),
 }
+# Options that are implemented but travel as arguments of beamsearch.search and beamsearch.generate, not in the
+# frozen SearchOptions record (callables, per-example lists, hooks): SearchOptions.create says where they go.
+SEARCH_ARGUMENTS = (
+    "force_words_ids",
+    "prefix_allowed_tokens_fn",
+    "target_prefix",
+    "prefix_bias_beta",
+    "sequence_scorer",
+    "unique",
+    "output_alignments",
+)
 
 
 SEMANTICS = ("hf", "onmt", "t2t", "ct2")
@@ -56,23 +69,6 @@ TOOLKIT_OPTIONS = (
     "remove_finished",
     "stochastic_beam_search",
 )
-# Options that only one toolkit's search reads: (the semantics that read them, the value that changes nothing).
-_TOOLKIT_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
-    "coverage_penalty": (("onmt",), "none"),
-    "stepwise_penalty": (("onmt",), False),
-    "ratio": (("onmt",), 0.0),
-    "max_length_ratio": (("onmt",), 0.0),
-    "coverage_beta": (("onmt",), 0.0),
-    "block_ngram_repeat": (("onmt",), 0),
-    "ignore_when_blocking": (("onmt",), ()),
-    "patience": (("ct2",), 1.0),
-}
-_LENGTH_PENALTY_TYPES_BY_SEMANTICS = {
-    "hf": ("hf",),
-    "t2t": ("wu", "gnmt"),
-    "ct2": ("hf", "none"),
-    "onmt": ("avg", "wu", "gnmt", "none"),
-}
 # What each semantics preset sets for the options the caller leaves unset (None): that toolkit's defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     "hf": {},
@@ -171,6 +167,11 @@ class SearchOptions:
         """
         known = {f.name for f in dataclasses.fields(cls)}
         for name, value in kwargs.items():
+            if name in SEARCH_ARGUMENTS:
+                if value is None:
+                    continue
+                raise ValueError(f"{name!r} is an argument of beamsearch.search and beamsearch.generate, not a "
+                                 f"SearchOptions field: pass it to them as {name}=...")
             if name in UNSUPPORTED_OPTIONS:
                 if is_neutral(name, value):
                     continue
@@ -186,7 +187,11 @@ class SearchOptions:
         return options
 
     def validate(self) -> None:
-        """Reject every bad value and incompatible combination with a message naming the option."""
+        """Reject every bad value and incompatible combination with a message naming the option.
+
+        Each value first, then the combinations: the rows of ``strategies/validation.py``'s table that need only
+        the options.
+        """
         for name in _FLOAT_OPTIONS:  # first: NaN passes no comparison, so the checks below would name it wrongly
             value = getattr(self, name)
             if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
@@ -201,15 +206,8 @@ class SearchOptions:
             raise ValueError(f"max_time must be > 0, got {self.max_time}")
         _check_int("num_beams", self.num_beams, minimum=1)
         _check_int("num_return_sequences", self.num_return_sequences, minimum=1)
-        self._validate_stochastic()
-        if self.semantics == "ct2" and self.num_beams > 1:
-            pass  # CTranslate2 returns up to round(num_beams * patience) hypotheses; its strategy checks that
-        elif self.num_beams > 1 and self.num_return_sequences > self.num_beams:
-            raise ValueError(
-                f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams ({self.num_beams})"
-            )
-        if self.num_beams == 1 and not self.do_sample and self.num_return_sequences > 1:
-            raise ValueError("num_return_sequences > 1 needs num_beams > 1 or do_sample=True (greedy returns one)")
+        if not isinstance(self.stochastic_beam_search, bool):
+            raise ValueError(f"stochastic_beam_search must be True or False, got {self.stochastic_beam_search!r}")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if not isinstance(self.remove_finished, bool):
@@ -228,15 +226,6 @@ class SearchOptions:
             for seq in self.bad_words_ids:
                 for token in seq:
                     _check_int("bad_words_ids", token, minimum=0)
-        needs_eos = {
-            "min_length": self.min_length > 0,
-            "min_new_tokens": bool(self.min_new_tokens),
-            "max_len_a": self.max_len_a > 0,
-            "max_len_b": self.max_len_b is not None,
-        }
-        for name, used in needs_eos.items():
-            if used and not self.eos_token_id:
-                raise ValueError(f"{name} needs eos_token_id (it works by masking the end-of-sequence token)")
         if self.repetition_penalty is None or not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0)
@@ -248,6 +237,7 @@ class SearchOptions:
         self._validate_groups()
         if self.stop_strings is not None and (not self.stop_strings or any(not s for s in self.stop_strings)):
             raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+        check_combinations(self)
 
     def _validate_toolkit_options(self) -> None:
         if self.semantics not in SEMANTICS:
@@ -273,58 +263,14 @@ class SearchOptions:
         _check_int("block_ngram_repeat", self.block_ngram_repeat, minimum=0)
         for token in self.ignore_when_blocking:
             _check_int("ignore_when_blocking", token, minimum=0)
-        for name, (owners, neutral) in _TOOLKIT_ONLY.items():
-            value = getattr(self, name)
-            if value == neutral:
-                continue
-            if self.semantics not in owners:
-                raise ValueError(f"{name}={value!r} needs semantics={owners[0]!r} (it has no effect under "
-                                 f"{self.semantics!r})")
-            if self.num_beams < 2:
-                raise ValueError(f"{name}={value!r} needs beam search (num_beams > 1)")
-        allowed = _LENGTH_PENALTY_TYPES_BY_SEMANTICS[self.semantics]
-        if self.length_penalty_type is not None and self.length_penalty_type not in allowed:
-            raise ValueError(f"length_penalty_type={self.length_penalty_type!r} is not available with "
-                             f"semantics={self.semantics!r} (choose from {list(allowed)})")
 
     def _validate_groups(self) -> None:
-        """Diverse beam search: what transformers 4.x validated, and a negative penalty (4.x ignored it)."""
+        """Diverse beam search's values, and a negative penalty (transformers 4.x ignored it)."""
         _check_int("num_beam_groups", self.num_beam_groups, minimum=1)
         if isinstance(self.diversity_penalty, bool) or not isinstance(self.diversity_penalty, (int, float)):
             raise ValueError(f"diversity_penalty must be a number, got {self.diversity_penalty!r}")
         if not self.diversity_penalty >= 0:
             raise ValueError(f"diversity_penalty must be >= 0, got {self.diversity_penalty!r}")
-        if self.num_beam_groups == 1:
-            if self.diversity_penalty > 0:
-                raise ValueError(f"diversity_penalty={self.diversity_penalty!r} needs num_beam_groups > 1 (diverse "
-                                 "beam search; with one group it would change nothing)")
-            return
-        prefix = f"num_beam_groups={self.num_beam_groups} (diverse beam search)"
-        if self.num_beams % self.num_beam_groups != 0:
-            raise ValueError(f"{prefix} needs num_beams divisible by num_beam_groups, got num_beams={self.num_beams}")
-        if self.do_sample:
-            raise ValueError(f"{prefix} cannot be combined with do_sample=True")
-        if self.diversity_penalty == 0:
-            raise ValueError(f"{prefix} needs diversity_penalty > 0 (otherwise all groups are identical)")
-        if self.semantics != "hf":
-            raise ValueError(f"{prefix} needs semantics='hf', got {self.semantics!r}")
-
-    def _validate_stochastic(self) -> None:
-        """Stochastic beam search samples by itself, over the model's distribution, with one beam per sample."""
-        if not isinstance(self.stochastic_beam_search, bool):
-            raise ValueError(f"stochastic_beam_search must be True or False, got {self.stochastic_beam_search!r}")
-        if not self.stochastic_beam_search:
-            return
-        prefix = "stochastic_beam_search=True (num_beams samples without replacement)"
-        if self.do_sample:
-            raise ValueError(f"{prefix} cannot be combined with do_sample=True (it draws its own Gumbel noise)")
-        if self.num_return_sequences > self.num_beams:
-            raise ValueError(f"{prefix} returns at most num_beams sequences: num_return_sequences "
-                             f"({self.num_return_sequences}) must be <= num_beams ({self.num_beams})")
-        if self.num_beam_groups > 1:
-            raise ValueError(f"{prefix} cannot be combined with num_beam_groups > 1")
-        if self.semantics != "hf":
-            raise ValueError(f"{prefix} needs semantics='hf', got {self.semantics!r}")
 
     def _validate_warpers(self) -> None:
         if not self.temperature > 0:

@@ -1,9 +1,10 @@
-"""Which strategy runs a search, by declared rule, and the table of option combinations no strategy runs.
+"""Which strategy runs a search, by declared rule, and the options each strategy takes.
 
-:data:`INCOMPATIBLE` lists every combination of search arguments that is refused, each with its message;
-:func:`check` raises the first that applies. :data:`REGISTRY` lists the strategies in order of precedence, each
-with the rule that selects it; :func:`choose` builds the first whose rule holds (the last one, greedy search and
-sampling, always applies). The tests enumerate both tables.
+:data:`REGISTRY` lists the strategies in order of precedence, each with the rule that selects it and the strategy
+options (:data:`STRATEGY_OPTIONS`) it takes; :func:`choose` builds the first whose rule holds (the last one, greedy
+search and sampling, always applies). :func:`check` refuses a request, before any strategy is built, by the first
+row of the table of refused combinations (``validation.py``) that holds, then by any strategy option set to a value
+that changes something that the selected strategy does not declare. The tests enumerate the tables.
 
 Legend: B batch, K beams, t0 prompt length.
 """
@@ -18,6 +19,7 @@ import torch
 
 from ..options import SearchOptions
 from .base import StepTrace
+from .validation import TOOLKIT_ONLY, check_combinations
 
 
 @dataclasses.dataclass
@@ -55,33 +57,43 @@ class Request:
         return self.sequence_scorer is not None or self.unique_key is not None
 
 
-# (name, rule, message): a search whose request satisfies the rule is refused with the message.
-INCOMPATIBLE: list[tuple[str, Callable[[Request], bool], str]] = [
-    ("ct2 prefix with beams",
-     lambda r: r.target_prefix is not None and r.options.semantics == "ct2" and r.beams and not r.prefix_bias_beta,
-     "target_prefix with semantics='ct2' and num_beams > 1 is not supported: CTranslate2's beam search after a "
-     "prefix is not reproduced yet (greedy is)"),
-    ("alignments outside hf beams",
-     lambda r: r.output_alignments and r.beams and not r.hf_beams,
-     "output_alignments needs semantics='hf' and no beam groups"),
-    ("ranking outside hf beams",
-     lambda r: r.ranking and not (r.hf_beams and r.beams),
-     "sequence_scorer and unique need beam search (num_beams > 1) with semantics='hf' and no beam groups"),
-    ("constraints outside hf beams",
-     lambda r: r.constraints is not None and (not (r.hf_beams and r.beams) or r.options.do_sample),
-     "force_words_ids needs beam search (num_beams > 1, do_sample=False) with semantics='hf' and no beam groups"),
-    ("stochastic with pool options",
-     lambda r: r.options.stochastic_beam_search and (r.ranking or r.output_alignments or r.constraints is not None),
-     "stochastic_beam_search cannot be combined with sequence_scorer, unique, output_alignments or "
-     "force_words_ids"),
-]
+def _option(name: str) -> Callable[[Request], Any]:
+    return lambda r: getattr(r.options, name)
+
+
+# The options that only some strategies take: how a request holds each, and the value that changes nothing. The
+# others apply to every strategy (length limits, processors, warpers, outputs), or are refused by value in
+# validation.py's table (length_penalty_type by semantics, early_stopping='never' under t2t, target_prefix under
+# ct2 beams). remove_finished is not one: a strategy that never drops finished examples already does what
+# remove_finished=False asks.
+STRATEGY_OPTIONS: dict[str, tuple[Callable[[Request], Any], Any]] = {
+    "do_sample": (_option("do_sample"), False),
+    "stochastic_beam_search": (_option("stochastic_beam_search"), False),
+    "num_beam_groups": (_option("num_beam_groups"), 1),
+    "diversity_penalty": (_option("diversity_penalty"), 0.0),
+    **{name: (_option(name), neutral) for name, (_, neutral) in TOOLKIT_ONLY.items()},
+    "force_words_ids": (lambda r: r.constraints, None),
+    "sequence_scorer": (lambda r: r.sequence_scorer, None),
+    "unique": (lambda r: r.unique_key, None),
+    "output_alignments": (lambda r: r.output_alignments, False),
+}
 
 
 def check(request: Request) -> None:
-    """Raise ValueError with the message of the first combination of :data:`INCOMPATIBLE` the request holds."""
-    for _, applies, message in INCOMPATIBLE:
-        if applies(request):
-            raise ValueError(message)
+    """Refuse the request before any strategy is built: the first row of ``validation.COMBINATIONS`` that holds,
+    then a strategy option that the selected strategy does not declare (``Strategy.supports``).
+
+    Raises:
+        ValueError: with the row's message, or naming the option and the strategy.
+    """
+    check_combinations(request.options, request)
+    strategy = select(request)
+    for name, (read, neutral) in STRATEGY_OPTIONS.items():
+        value = read(request)
+        if name not in strategy.supports and not (value is neutral or value == neutral):
+            shown = f"{name}={value!r}" if hasattr(request.options, name) else name  # an argument: its name
+            raise ValueError(f"{shown} is not supported by {strategy.name} (the strategy options it takes: "
+                             f"{sorted(strategy.supports)})")
 
 
 def _stochastic(r: Request) -> Any:
@@ -93,15 +105,27 @@ def _stochastic(r: Request) -> Any:
                                 num_return_sequences=o.num_return_sequences, trace=r.trace)
 
 
-def _toolkit(r: Request) -> Any:
-    if r.options.semantics == "t2t":
-        from .t2t import T2TBeamSearch as strategy
-    elif r.options.semantics == "onmt":
-        from .onmt import ONMTBeamSearch as strategy
-    else:
-        from .ct2 import CT2BeamSearch as strategy
+def _toolkit(strategy: Any, r: Request) -> Any:
     return strategy(r.input_ids, r.max_length, r.processors, r.criteria, options=r.options, fill_token_id=r.fill,
                     trace=r.trace, source_lengths=r.source_lengths)
+
+
+def _t2t(r: Request) -> Any:
+    from .t2t import T2TBeamSearch
+
+    return _toolkit(T2TBeamSearch, r)
+
+
+def _onmt(r: Request) -> Any:
+    from .onmt import ONMTBeamSearch
+
+    return _toolkit(ONMTBeamSearch, r)
+
+
+def _ct2(r: Request) -> Any:
+    from .ct2 import CT2BeamSearch
+
+    return _toolkit(CT2BeamSearch, r)
 
 
 def _group(r: Request) -> Any:
@@ -146,17 +170,47 @@ def _sampling(r: Request) -> Any:
                           remove_finished=r.removal, output_alignments=r.output_alignments, **_common(r))
 
 
-# (name, rule, factory), in order of precedence: the first strategy whose rule holds runs the search.
-REGISTRY: list[tuple[str, Callable[[Request], bool], Callable[[Request], Any]]] = [
-    ("stochastic beam search", lambda r: r.options.stochastic_beam_search, _stochastic),
-    ("another toolkit's beam search", lambda r: r.beams and r.options.semantics != "hf", _toolkit),
-    ("diverse (group) beam search", lambda r: r.options.num_beam_groups > 1, _group),
-    ("constrained beam search", lambda r: r.constraints is not None, _constrained),
-    ("beam search and beam sampling", lambda r: r.beams, _beam),
-    ("greedy search and sampling", lambda r: True, _sampling),
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """A strategy: its name, the rule that selects it, how it is built, and the :data:`STRATEGY_OPTIONS` it takes
+    (the others must keep the value that changes nothing)."""
+
+    name: str
+    applies: Callable[[Request], bool]
+    make: Callable[[Request], Any]
+    supports: frozenset[str] = frozenset()
+
+
+_HF_POOL = {"sequence_scorer", "unique", "output_alignments"}  # what transformers' beam search pool takes here
+_ONMT_OPTIONS = {name for name, (owner, _) in TOOLKIT_ONLY.items() if owner == "onmt"}
+_CT2_OPTIONS = {name for name, (owner, _) in TOOLKIT_ONLY.items() if owner == "ct2"}
+
+
+def _toolkit_beams(semantics: str) -> Callable[[Request], bool]:
+    return lambda r: r.beams and r.options.semantics == semantics
+
+
+# In order of precedence: the first strategy whose rule holds runs the search.
+REGISTRY: list[Strategy] = [
+    Strategy("stochastic beam search", lambda r: r.options.stochastic_beam_search, _stochastic,
+             frozenset({"stochastic_beam_search"})),
+    Strategy("tensor2tensor's beam search (semantics='t2t')", _toolkit_beams("t2t"), _t2t),
+    Strategy("OpenNMT-py's beam search (semantics='onmt')", _toolkit_beams("onmt"), _onmt, frozenset(_ONMT_OPTIONS)),
+    Strategy("CTranslate2's beam search (semantics='ct2')", _toolkit_beams("ct2"), _ct2, frozenset(_CT2_OPTIONS)),
+    Strategy("diverse (group) beam search", lambda r: r.options.num_beam_groups > 1, _group,
+             frozenset({"num_beam_groups", "diversity_penalty"})),
+    Strategy("constrained beam search", lambda r: r.constraints is not None, _constrained,
+             frozenset({"force_words_ids", *_HF_POOL})),
+    Strategy("beam search and beam sampling", lambda r: r.beams, _beam, frozenset({"do_sample", *_HF_POOL})),
+    Strategy("greedy search and sampling", lambda r: True, _sampling, frozenset({"do_sample", "output_alignments"})),
 ]
+
+
+def select(request: Request) -> Strategy:
+    """The first :data:`REGISTRY` entry whose rule holds."""
+    return next(strategy for strategy in REGISTRY if strategy.applies(request))
 
 
 def choose(request: Request) -> Any:
     """The strategy of the first :data:`REGISTRY` entry whose rule holds, built for ``request``."""
-    return next(make for _, applies, make in REGISTRY if applies(request))(request)
+    return select(request).make(request)
