@@ -78,6 +78,17 @@ def test_unsupported_generate_arguments_are_rejected_by_name(kwargs, name):
         beamsearch.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=3, **kwargs)
 
 
+def test_a_search_argument_in_a_generation_config_is_refused_not_ignored():
+    """force_words_ids is read from generate()'s arguments; set in a generation config it would be ignored."""
+    model = tiny_model("t5")
+    ids, mask = random_inputs(model, 1, torch.Generator().manual_seed(0))
+    config = copy.deepcopy(model.generation_config)
+    config.force_words_ids = [[5]]
+    with pytest.raises(ValueError, match="force_words_ids.*generate\\(\\)'s arguments only"):
+        beamsearch.generate(model, input_ids=ids, attention_mask=mask, generation_config=config, num_beams=2,
+                            max_new_tokens=3)
+
+
 def test_max_time_stops_and_labels_the_reason():
     import time
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..options import UNSUPPORTED_OPTIONS, is_neutral
+from ..options import SEARCH_ARGUMENTS, UNSUPPORTED_OPTIONS, is_neutral
 
 # generate() arguments that change results and that we do not implement.
 REJECTED_ARGUMENTS = (
@@ -126,5 +126,9 @@ def check_config(config: Any) -> None:
     for name in UNSUPPORTED_OPTIONS:
         if not is_neutral(name, getattr(config, name, None)):
             raise ValueError(f"generation option {name!r} is not supported by beamsearch (it would change results)")
+    for name in SEARCH_ARGUMENTS:  # read from generate()'s arguments only, never from a generation config
+        if getattr(config, name, None) is not None:
+            raise ValueError(f"generation option {name!r} is read from generate()'s arguments only: pass it as "
+                             f"beamsearch.generate(..., {name}=...)")
     if getattr(config, "cache_implementation", None) not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={config.cache_implementation!r} is not supported by beamsearch")

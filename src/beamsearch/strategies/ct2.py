@@ -41,11 +41,7 @@ from ..stopping import classify_stop
 from .base import MASK, StepTrace
 from .pool import Hypotheses, PoolSearch, first_live
 from .score_checks import check_enough_hypotheses
-
-
-def ct2_max_hypotheses(num_beams: int, patience: float) -> int:
-    """How many hypotheses end the search of an example: ``round(K * patience)`` (half away from zero)."""
-    return int(math.floor(num_beams * patience + 0.5))
+from .validation import ct2_max_hypotheses
 
 
 class CT2BeamSearch(PoolSearch):
@@ -53,7 +49,6 @@ class CT2BeamSearch(PoolSearch):
 
     def __init__(self, input_ids, max_length, processors, criteria, *, options, fill_token_id, trace: StepTrace,
                  source_lengths=None):
-        _check_options(options)
         super().__init__(input_ids, options.num_beams, max_length, processors, criteria, trace)
         (b, t0), k, device = input_ids.shape, options.num_beams, input_ids.device
         self.eos_token_id = options.eos_token_id
@@ -149,18 +144,3 @@ class CT2BeamSearch(PoolSearch):
         # the generated lengths are the counts of beam_indices >= 0 (for a registered hypothesis, the end included)
         return self.hypotheses.result(self.num_return_sequences, self.trace, self.watch,
                                       sum_log_probs=self.hypotheses.sum_log_probs)
-
-
-def _check_options(options) -> None:
-    """Reject what CTranslate2's beam search does not have (or checks) with a message naming the option."""
-    if options.do_sample:
-        raise ValueError("semantics='ct2' beam search does not sample (CTranslate2's random beam sampler is not "
-                         "reproduced); use do_sample=False")
-    if options.length_penalty_type not in (None, "hf", "none"):
-        raise ValueError(f"semantics='ct2' has one length penalty, sum_log_probs / length ** length_penalty; "
-                         f"length_penalty_type={options.length_penalty_type!r} is not supported")
-    if options.coverage_penalty != "none":
-        raise ValueError("semantics='ct2' does not support coverage_penalty yet")
-    if options.num_return_sequences > ct2_max_hypotheses(options.num_beams, options.patience):
-        raise ValueError(f"num_return_sequences ({options.num_return_sequences}) cannot be greater than "
-                         f"round(num_beams * patience) = {ct2_max_hypotheses(options.num_beams, options.patience)}")

@@ -66,7 +66,6 @@ class ONMTBeamSearch(PoolSearch):
 
     def __init__(self, input_ids, max_length, processors, criteria, *, options, fill_token_id, trace: StepTrace,
                  source_lengths=None):
-        _check_options(options)
         (b, t0), k, p, device = input_ids.shape, options.num_beams, options.num_return_sequences, input_ids.device
         super().__init__(input_ids, k, max_length, processors, criteria, trace)
         self.n_best = p
@@ -76,11 +75,6 @@ class ONMTBeamSearch(PoolSearch):
         self.cov_kind, self.beta = options.coverage_penalty, options.coverage_beta
         self.stepwise = options.stepwise_penalty and self.cov_kind != "none"
         self.ratio = options.ratio
-        if self.ratio > 0 and source_lengths is None:
-            raise ValueError("ratio needs the source lengths (search(..., source_lengths=))")
-        if options.max_length_ratio > 0 and source_lengths is None:
-            raise ValueError("max_length_ratio needs the source lengths (search(..., source_lengths=)); "
-                             "pass max_length_ratio=0 to turn OpenNMT's default limit off")
         self.source_lengths = None if source_lengths is None else source_lengths.to(device).float()  # [B]
         self.limits = torch.full((b,), max(max_length - t0, 0), dtype=torch.long, device=device)  # [B] at most
         if options.max_length_ratio > 0:
@@ -203,13 +197,3 @@ class ONMTBeamSearch(PoolSearch):
                             sum_log_probs=token_log_probs.sum(dim=-1), token_log_probs=token_log_probs,
                             lengths=t0 + generated, finish_reason=pool.reasons, prompt_length=t0, scores=scores,
                             logits=logits, beam_indices=pool.beam_indices[:, :, :width])
-
-
-def _check_options(options) -> None:
-    if options.do_sample:
-        raise ValueError("semantics='onmt' is beam search: do_sample=True is not supported with it")
-    if not options.eos_token_id:
-        raise ValueError("semantics='onmt' needs eos_token_id (hypotheses finish on the end token)")
-    if (options.length_penalty_type or "avg") not in ("avg", "wu", "gnmt", "none"):
-        raise ValueError(f"semantics='onmt' supports length_penalty_type avg, wu or none, not "
-                         f"{options.length_penalty_type!r}")

@@ -81,7 +81,6 @@ class T2TBeamSearch(PoolSearch):
 
     def __init__(self, input_ids, max_length, processors, criteria, *, options, fill_token_id, trace: StepTrace,
                  source_lengths=None):
-        _check_options(options)
         # the length limit is the step count below, not a criterion
         super().__init__(input_ids, options.num_beams, max_length, processors, _without_length_limit(criteria), trace)
         (b, t0), k, device = input_ids.shape, options.num_beams, input_ids.device
@@ -166,18 +165,6 @@ class T2TBeamSearch(PoolSearch):
         return chosen.result(self.num_return_sequences, self.trace, self.watch)
 
 
-def _check_options(options) -> None:
-    """Reject the options t2t's beam search has no meaning for."""
-    if options.do_sample:
-        raise ValueError("semantics='t2t' is a deterministic beam search: do_sample=True is not supported")
-    if options.early_stopping not in (True, False):
-        raise ValueError(f"early_stopping is t2t's stop_early under semantics='t2t': True or False, "
-                         f"got {options.early_stopping!r}")
-    if options.length_penalty_type not in (None, "gnmt", "wu"):
-        raise ValueError(f"semantics='t2t' uses the GNMT length penalty ((5 + length) / 6) ** length_penalty; "
-                         f"length_penalty_type={options.length_penalty_type!r} is not supported")
-    if options.coverage_penalty != "none":
-        raise ValueError("semantics='t2t' has no coverage penalty: use coverage_penalty='none'")
 
 
 def _without_length_limit(criteria):
