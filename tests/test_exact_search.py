@@ -143,3 +143,71 @@ def test_a_processor_that_raises_log_probs_above_zero_is_refused():
                            length_penalty=1.0, max_nodes=100, trace=StepTrace(False, False))
     with pytest.raises(ValueError, match="log-probs <= 0"):
         decode(PrefixModel(4), None, strategy, 1)
+
+
+def _enumerated_best(model, ids, mask, generated: int, length_penalty: float) -> tuple[float, list[int]]:
+    """The best (score, decoder tokens after the start token) of a T5 over every output up to ``generated`` tokens,
+    by scoring all of them with full forward passes (one per depth, every prefix at once)."""
+    eos, start = model.config.eos_token_id, model.config.decoder_start_token_id
+    encoded = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # [1, S, d]
+    prefixes, totals, best = [[start]], [0.0], (-math.inf, [])
+    for depth in range(1, generated + 1):
+        rows = len(prefixes)
+        logits = model(encoder_outputs=(encoded.expand(rows, -1, -1),), attention_mask=mask.expand(rows, -1),
+                       decoder_input_ids=torch.tensor(prefixes)).logits[:, -1].float()
+        log_probs = torch.log_softmax(logits, dim=-1).tolist()
+        extended, extended_totals = [], []
+        for prefix, total, row in zip(prefixes, totals, log_probs, strict=True):
+            for token, log_prob in enumerate(row):
+                if token == eos or depth == generated:
+                    score = (total + log_prob) / depth**length_penalty
+                    if score > best[0]:
+                        best = (score, prefix[1:] + [token])
+                else:
+                    extended.append(prefix + [token])
+                    extended_totals.append(total + log_prob)
+        prefixes, totals = extended, extended_totals
+    return best
+
+
+@pytest.mark.parametrize("length_penalty", [1.0, 0.0])
+def test_exact_search_through_the_adapter_matches_enumeration_on_a_tiny_t5(length_penalty):
+    from tiny_hf import random_inputs, tiny_model
+
+    from beamsearch.adapters.hf import search_model
+
+    model = tiny_model("t5", seed=1)
+    ids, mask = random_inputs(model, 2, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        result = search_model(model, input_ids=ids, attention_mask=mask, num_beams=2, max_new_tokens=3,
+                              exact_search=True, length_penalty=length_penalty)
+        assert bool(result.proven.all())
+        for b in range(2):
+            score, tokens = _enumerated_best(model, ids[b : b + 1], mask[b : b + 1], 3, length_penalty)
+            length = int(result.lengths[b, 0])
+            assert result.sequences[b, 0, 1:length].tolist() == tokens
+            assert_scores_close(result.sequences_scores[b, 0], torch.tensor(score, dtype=torch.float32))
+
+
+def test_exact_search_options_are_validated_by_name():
+    model = PrefixModel(4)
+    ids = torch.tensor([[1]])
+    for kwargs, message in [({"do_sample": True}, "do_sample"), ({"num_return_sequences": 2, "num_beams": 2},
+                            "num_return_sequences must be 1"), ({"semantics": "ct2", "num_beams": 2}, "semantics='hf'"),
+                            ({"output_scores": True}, "per-step scores"), ({"max_time": 1.0}, "max_time"),
+                            ({"max_nodes": 0}, "max_nodes")]:
+        with pytest.raises(ValueError, match=message):
+            search(model, ids, None, exact_search=True, eos_token_id=EOS, max_new_tokens=3, **kwargs)
+    with pytest.raises(ValueError, match="incumbent is a threshold for exact_search"):
+        search(model, ids, None, eos_token_id=EOS, max_new_tokens=3, incumbent=object())
+    with pytest.raises(ValueError, match="max_nodes=5 is not supported by beam search"):
+        search(model, ids, None, num_beams=2, eos_token_id=EOS, max_new_tokens=3, max_nodes=5)
+
+
+def test_search_with_exact_search_equals_the_strategy_and_uses_the_incumbent():
+    model = PrefixModel(5, seed=3, sharpness=2.0)
+    prompts = torch.tensor([[1], [2], [3]])
+    beam = search(model, prompts, None, num_beams=3, max_new_tokens=5, eos_token_id=EOS)
+    via_search = search(model, prompts, None, exact_search=True, max_new_tokens=5, eos_token_id=EOS, incumbent=beam)
+    direct = _exact(model, None, prompts, 5, 1.0, incumbent=beam)
+    assert torch.equal(via_search.sequences, direct.sequences) and torch.equal(via_search.nodes, direct.nodes)

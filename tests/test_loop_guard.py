@@ -51,3 +51,25 @@ def test_a_g2p_loop_is_stopped_at_its_third_copy():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="loop_guard"):
         LoopGuardLogitsProcessor(1, 0)
+
+
+def test_the_loop_guard_option_reaches_every_search():
+    """A model that loops "2 3 2 3 ..." never produces a third copy of any n-gram with loop_guard=3."""
+    from beamsearch import search
+
+    def looping(tokens, state):
+        logits = torch.zeros(tokens.shape[0], 6)
+        logits[torch.arange(tokens.shape[0]), 2 + tokens.shape[1] % 2] = 5.0  # loves the loop
+        return logits, state
+
+    def has_third_copy(row: list[int]) -> bool:
+        return any(row[i:i + 3 * n] == row[i:i + n] * 3 for n in range(1, 5) for i in range(len(row) - 3 * n + 1))
+
+    ids = torch.tensor([[1], [1]])
+    torch.manual_seed(0)  # sampling: a fixed draw (the guard holds for any)
+    for kwargs in ({}, {"num_beams": 3}, {"do_sample": True}, {"exact_search": True}):
+        plain = search(looping, ids, None, max_new_tokens=12, eos_token_id=0, **kwargs)
+        assert has_third_copy(plain.sequences[0, 0].tolist())  # the premise: without the guard it loops
+        guarded = search(looping, ids, None, max_new_tokens=12, eos_token_id=0, loop_guard=3, **kwargs)
+        for row, length in zip(guarded.sequences[:, 0].tolist(), guarded.lengths[:, 0].tolist(), strict=True):
+            assert not has_third_copy(row[1:length]), (kwargs, row)  # pad tokens after the end do not count

@@ -34,7 +34,12 @@ START = torch.tensor([[1], [2]])
 SL = [1, 1]  # source lengths, for OpenNMT's max_length_ratio (its preset: 1.25) and ratio, and max_len_a / max_len_b
 ON = dict(semantics="onmt", num_beams=2, eos_token_id=0)  # OpenNMT's beam search
 ARGUMENTS = ("target_prefix", "prefix_bias_beta", "output_alignments", "unique", "sequence_scorer",
-             "force_words_ids", "source_lengths")
+             "force_words_ids", "source_lengths", "stopping_criteria", "incumbent")
+
+
+def stop_at_three(input_ids, scores):
+    """A stopping criterion of the caller's: rows stop once they hold three tokens."""
+    return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 3, dtype=torch.bool)
 
 
 def run(kwargs):
@@ -54,14 +59,16 @@ def request_for(kwargs, monkeypatch) -> Request:
     options = SearchOptions.create(**kwargs)
     words = arguments.get("force_words_ids")
     lengths = arguments.get("source_lengths")
-    return Request(START, options, 4, processors=[], criteria=[], fill=0, trace=StepTrace(False, False),
+    criteria = list(arguments.get("stopping_criteria", []))
+    return Request(START, options, 4, processors=[], criteria=criteria, fill=0, trace=StepTrace(False, False),
                    rows=max(options.num_beams, options.num_return_sequences), removal=False,
                    source_lengths=None if lengths is None else torch.tensor(lengths),
                    constraints=None if words is None else parse_constraints(words),
                    sequence_scorer=arguments.get("sequence_scorer"),
                    unique_key=check_ranking(None, arguments.get("unique")),
                    output_alignments=arguments.get("output_alignments", False),
-                   target_prefix=arguments.get("target_prefix"), prefix_bias_beta=arguments.get("prefix_bias_beta", 0))
+                   target_prefix=arguments.get("target_prefix"), prefix_bias_beta=arguments.get("prefix_bias_beta", 0),
+                   incumbent=arguments.get("incumbent"))
 
 
 # one refused search per row of COMBINATIONS, by name, with the message it must raise (the messages as they were
@@ -173,6 +180,22 @@ REFUSED = {
     "t2t beams with early_stopping='never'": (
         dict(semantics="t2t", num_beams=2, early_stopping="never"),
         "early_stopping is t2t's stop_early under semantics='t2t': True or False, got 'never'"),
+    "exact search with do_sample": (
+        dict(exact_search=True, do_sample=True),
+        "exact_search=True finds the best hypothesis: it cannot be combined with do_sample=True"),
+    "exact search with several sequences": (
+        dict(exact_search=True, num_beams=2, num_return_sequences=2),
+        "exact_search=True returns one hypothesis per example: num_return_sequences must be 1"),
+    "exact search outside semantics='hf'": (
+        dict(exact_search=True, semantics="t2t"),
+        "exact_search=True scores as transformers' beam search: it needs semantics='hf', got 't2t'"),
+    "exact search with per-step outputs": (
+        dict(exact_search=True, output_scores=True),
+        "exact_search=True keeps no per-step scores or logits (its rows change at every step)"),
+    "exact search with stop strings or a time limit": (
+        dict(exact_search=True, max_time=10.0),
+        "exact_search=True ends hypotheses only at an end token or the length limit: stop_strings and max_time are "
+        "not supported with it"),
     "prefix_bias_beta without target_prefix": (
         dict(prefix_bias_beta=0.5), "prefix_bias_beta needs a target_prefix to bias toward"),
     "ct2 prefix with beams": (
@@ -192,6 +215,13 @@ REFUSED = {
         dict(num_beams=2, stochastic_beam_search=True, output_alignments=True),
         "stochastic_beam_search cannot be combined with sequence_scorer, unique, output_alignments or "
         "force_words_ids"),
+    "exact search with other stopping criteria": (
+        dict(exact_search=True, stopping_criteria=[stop_at_three]),
+        "exact_search=True ends hypotheses only at an end token or the length limit: a stopping criterion of the "
+        "caller's is not supported with it"),
+    "incumbent without exact search": (
+        dict(num_beams=2, incumbent=object()),
+        "incumbent is a threshold for exact_search=True; pass exact_search=True or no incumbent"),
     "onmt ratio without source lengths": (
         dict(ON, ratio=1.5, max_length_ratio=0.0), "ratio needs the source lengths (search(..., source_lengths=))"),
     "onmt max_length_ratio without source lengths": (
@@ -243,12 +273,19 @@ PASSES = {
     "onmt beams without eos_token_id": dict(ON, source_lengths=SL),
     "t2t beams with do_sample": dict(semantics="t2t", num_beams=1, do_sample=True),
     "t2t beams with early_stopping='never'": dict(semantics="t2t", num_beams=2, early_stopping=False),
+    "exact search with do_sample": dict(exact_search=True),
+    "exact search with several sequences": dict(exact_search=True, num_beams=2),
+    "exact search outside semantics='hf'": dict(exact_search=True, semantics="hf"),
+    "exact search with per-step outputs": dict(exact_search=True, output_scores=False),
+    "exact search with stop strings or a time limit": dict(exact_search=True, max_new_tokens=2),
     "prefix_bias_beta without target_prefix": dict(prefix_bias_beta=0.5, target_prefix=[[3], [4]]),
     "ct2 prefix with beams": dict(semantics="ct2", num_beams=2, target_prefix=[[3], [4]], prefix_bias_beta=0.5),
     "alignments outside hf beams": dict(num_beams=2, output_alignments=True),
     "ranking outside hf beams": dict(num_beams=2, unique=True),
     "constraints outside hf beams": dict(num_beams=3, force_words_ids=[[3]]),
     "stochastic with pool options": dict(num_beams=2, output_alignments=True),
+    "exact search with other stopping criteria": dict(num_beams=2, stopping_criteria=[stop_at_three]),
+    "incumbent without exact search": dict(exact_search=True, incumbent=None),
     "onmt ratio without source lengths": dict(ON, ratio=1.5, max_length_ratio=0.0, source_lengths=SL),
     "onmt max_length_ratio without source lengths": dict(ON, max_length_ratio=0.0),
 }
@@ -292,6 +329,7 @@ def test_the_near_miss_runs(name, monkeypatch):
 
 # one search per strategy, named as in REGISTRY, and the class it must build
 CHOSEN = {
+    "exact search (branch and bound)": (dict(exact_search=True), "ExactSearch"),
     "stochastic beam search": (dict(num_beams=2, stochastic_beam_search=True), "StochasticBeamSearch"),
     "tensor2tensor's beam search (semantics='t2t')": (dict(num_beams=2, semantics="t2t"), "T2TBeamSearch"),
     "OpenNMT-py's beam search (semantics='onmt')": (dict(ON, source_lengths=SL), "ONMTBeamSearch"),
@@ -331,6 +369,8 @@ def test_the_rule_selects_the_strategy(name, monkeypatch):
 # a value of each strategy option that changes something
 SET = {
     "do_sample": True,
+    "exact_search": True,
+    "max_nodes": 50,
     "stochastic_beam_search": True,
     "num_beam_groups": 2,
     "diversity_penalty": 1.0,
@@ -376,7 +416,7 @@ def test_an_undeclared_option_is_refused(name, option, monkeypatch):
     extra = {option: SET[option], **({"diversity_penalty": 1.0} if option == "num_beam_groups" else {})}
     request = request_for(dict(CHOSEN[name][0], **extra), monkeypatch)
     if select(request).name != name:
-        assert option in {"stochastic_beam_search", "num_beam_groups", "force_words_ids"}  # options that select
+        assert option in {"exact_search", "stochastic_beam_search", "num_beam_groups", "force_words_ids"}  # selecting
         return
     with pytest.raises(ValueError):
         check(request)

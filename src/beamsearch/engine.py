@@ -38,6 +38,7 @@ def search(
     unique: Any = None,
     output_alignments: bool = False,
     force_words_ids: Any = None,
+    incumbent: Any = None,
     encoder_input_ids: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> SearchResult:
@@ -74,6 +75,9 @@ def search(
         force_words_ids: beam search only: words or phrases that must appear in the output, each a list of
             token ids, or a list of alternative phrases (disjunctive), as transformers 4.x; decoded with dynamic
             beam allocation (``strategies/constrained.py``).
+        incumbent: with ``exact_search=True``: a result of a search over the same inputs (a beam search with the
+            same options); its best scores prune the exact search (``strategies/exact.py``), which then needs far
+            fewer nodes. Without one, exact search starts from nothing and may stop at ``max_nodes`` unproven.
         encoder_input_ids: LongTensor ``[B, S]``, each example's source ids (padding included), for
             ``encoder_repetition_penalty`` and ``encoder_no_repeat_ngram_size``; the Hugging Face adapter passes the
             encoder's input (for decoder-only models, the prompt), as ``generate`` does.
@@ -97,7 +101,7 @@ def search(
         raise ValueError(f"pass options either as `options` or as keywords, not both: {sorted(kwargs)}")
     _check_input_ids(input_ids)
     batch_size, prompt_length = input_ids.shape
-    rows = options.num_beams if options.num_beams > 1 else options.num_return_sequences
+    rows = 1 if options.exact_search else options.num_beams if options.num_beams > 1 else options.num_return_sequences
     per_row = _per_row(batch_size, rows, input_ids.device, padding_lengths, source_lengths, target_prefix,
                        encoder_input_ids)
     processors = build_processors(
@@ -113,6 +117,7 @@ def search(
         trace=StepTrace(options.output_scores, options.output_logits), rows=rows, removal=False,
         source_lengths=None if source_lengths is None else per_row["examples_source_lengths"],
         constraints=None if force_words_ids is None else parse_constraints(force_words_ids),
+        incumbent=incumbent,
         sequence_scorer=sequence_scorer, unique_key=check_ranking(sequence_scorer, unique),
         output_alignments=output_alignments, target_prefix=target_prefix, prefix_bias_beta=prefix_bias_beta,
     )

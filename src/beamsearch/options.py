@@ -68,6 +68,9 @@ TOOLKIT_OPTIONS = (
     "ignore_when_blocking",
     "remove_finished",
     "stochastic_beam_search",
+    "exact_search",
+    "max_nodes",
+    "loop_guard",
 )
 # What each semantics preset sets for the options the caller leaves unset (None): that toolkit's defaults.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -112,6 +115,9 @@ class SearchOptions:
     num_beam_groups: int = 1  # diverse beam search (transformers 4.x): beams in G groups, decoded one after another
     diversity_penalty: float = 0.0  # subtracted per earlier-group choice of the same token at the same step
     stochastic_beam_search: bool = False  # num_beams samples without replacement (Kool et al., 2019)
+    exact_search: bool = False  # the best hypothesis under the beam score, by branch and bound (strategies/exact.py)
+    max_nodes: int = 100_000  # exact search: partial hypotheses expanded per example before it gives up (unproven)
+    loop_guard: int = 0  # >= 2: ban the token completing that many back-to-back copies of any n-gram (n <= 4)
     # special tokens
     eos_token_id: tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -261,6 +267,12 @@ class SearchOptions:
         if self.max_len_b is not None:
             _check_int("max_len_b", self.max_len_b, minimum=0)
         _check_int("block_ngram_repeat", self.block_ngram_repeat, minimum=0)
+        _check_int("max_nodes", self.max_nodes, minimum=1)
+        _check_int("loop_guard", self.loop_guard, minimum=0)
+        if self.loop_guard == 1:
+            raise ValueError("loop_guard must be 0 (off) or at least 2 (copies of an n-gram that are banned), got 1")
+        if not isinstance(self.exact_search, bool):
+            raise ValueError(f"exact_search must be True or False, got {self.exact_search!r}")
         for token in self.ignore_when_blocking:
             _check_int("ignore_when_blocking", token, minimum=0)
 

@@ -8,6 +8,7 @@ one), and :func:`beamsearch.search` decodes; ``max_rows`` splits the batch into 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -92,21 +93,28 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     config = setup["generation_config"]
     options = options_from_config(config, toolkit, setup["has_default_max_length"])
     needs_attention = options.coverage_penalty != "none" or search_arguments["output_alignments"]
-    step, state = model_step(model, setup["model_kwargs"], config, options, needs_attention, **lean)
-    result = search(
-        step,
-        setup["input_ids"],
-        state,
-        logits_processor=list(logits_processor or ()),
-        stopping_criteria=list(stopping_criteria or ()),
-        padding_lengths=setup["padding_lengths"],
-        source_lengths=setup["source_lengths"],
-        encoder_input_ids=setup["encoder_input_ids"],
-        options=options,
-        fill_token_id=fill_token(config, options),
-        **search_arguments,
-    )
-    return result, config, options
+
+    def run(run_options: Any, arguments: dict[str, Any]) -> SearchResult:
+        step, state = model_step(model, setup["model_kwargs"], config, run_options, needs_attention, **lean)
+        return search(
+            step,
+            setup["input_ids"],
+            state,
+            logits_processor=list(logits_processor or ()),
+            stopping_criteria=list(stopping_criteria or ()),
+            padding_lengths=setup["padding_lengths"],
+            source_lengths=setup["source_lengths"],
+            encoder_input_ids=setup["encoder_input_ids"],
+            options=run_options,
+            fill_token_id=fill_token(config, run_options),
+            **arguments,
+        )
+
+    if options.exact_search and search_arguments.get("incumbent") is None:
+        # exact search starts from the best of a search with the same options (num_beams as given), its threshold
+        beam = dataclasses.replace(options, exact_search=False, max_nodes=100_000)
+        search_arguments["incumbent"] = run(beam, {**search_arguments, "incumbent": None})
+    return run(options, search_arguments), config, options
 
 
 def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs, max_rows):

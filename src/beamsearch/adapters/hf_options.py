@@ -29,7 +29,7 @@ def pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[s
         "prefix_bias_beta": kwargs.pop("prefix_bias_beta", 0.0),
         "output_alignments": bool(kwargs.pop("output_alignments", False)),
         "force_words_ids": kwargs.pop("force_words_ids", None),
-        **{name: kwargs.pop(name) for name in ("sequence_scorer", "unique") if name in kwargs},
+        **{name: kwargs.pop(name) for name in ("sequence_scorer", "unique", "incumbent") if name in kwargs},
     }
     lean = {"lean_step": kwargs.pop("lean_step", None),
             "share_encoder_state": kwargs.pop("share_encoder_state", False),

@@ -22,7 +22,7 @@ from .masks import (
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
 )
-from .ngrams import NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor
+from .ngrams import LoopGuardLogitsProcessor, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor
 from .numerics import InfNanRemoveLogitsProcessor, LogitNormalization
 from .penalties import RepetitionPenaltyLogitsProcessor
 from .prefix import PrefixBiasLogitsProcessor, TargetPrefixLogitsProcessor
@@ -143,6 +143,8 @@ def build_processors(
     if options.no_repeat_ngram_size > 0:
         ngrams = NoRepeatNGramLogitsProcessor(options.no_repeat_ngram_size)
         defaults.append(SkipLeadingTokens(ngrams, skip) if skip else ngrams)
+    if options.loop_guard:
+        defaults.append(LoopGuardLogitsProcessor(options.loop_guard, prompt_length))
     if encoder_options["encoder_no_repeat_ngram_size"]:
         defaults.append(EncoderNoRepeatNGramLogitsProcessor(options.encoder_no_repeat_ngram_size, encoder_input_ids))
     if options.bad_words_ids is not None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..options import SearchOptions
+from ..stopping import EosTokenCriteria, MaxLengthCriteria
 from .base import StepTrace
 from .validation import TOOLKIT_ONLY, check_combinations
 
@@ -42,6 +43,12 @@ class Request:
     output_alignments: bool = False
     target_prefix: Any = None
     prefix_bias_beta: float = 0.0
+    incumbent: Any = None  # exact search: a result over the same inputs whose best scores prune
+
+    @property
+    def other_criteria(self) -> bool:
+        """A stopping criterion other than the length limit and the end token is among the criteria."""
+        return any(not isinstance(c, (MaxLengthCriteria, EosTokenCriteria)) for c in self.criteria)
 
     @property
     def beams(self) -> bool:
@@ -68,6 +75,8 @@ def _option(name: str) -> Callable[[Request], Any]:
 # remove_finished=False asks.
 STRATEGY_OPTIONS: dict[str, tuple[Callable[[Request], Any], Any]] = {
     "do_sample": (_option("do_sample"), False),
+    "exact_search": (_option("exact_search"), False),
+    "max_nodes": (_option("max_nodes"), 100_000),
     "stochastic_beam_search": (_option("stochastic_beam_search"), False),
     "num_beam_groups": (_option("num_beam_groups"), 1),
     "diversity_penalty": (_option("diversity_penalty"), 0.0),
@@ -143,6 +152,14 @@ def _common(r: Request) -> dict[str, Any]:
     return dict(do_sample=o.do_sample, eos_token_id=o.eos_token_id, length_penalty=o.length_penalty, trace=r.trace)
 
 
+def _exact(r: Request) -> Any:
+    from .exact import ExactSearch
+
+    o = r.options
+    return ExactSearch(r.input_ids, r.max_length, r.processors, eos_token_id=o.eos_token_id, fill_token_id=r.fill,
+                       length_penalty=o.length_penalty, max_nodes=o.max_nodes, trace=r.trace, incumbent=r.incumbent)
+
+
 def _constrained(r: Request) -> Any:
     from .constrained import ConstrainedBeamSearch
 
@@ -192,6 +209,8 @@ def _toolkit_beams(semantics: str) -> Callable[[Request], bool]:
 
 # In order of precedence: the first strategy whose rule holds runs the search.
 REGISTRY: list[Strategy] = [
+    Strategy("exact search (branch and bound)", lambda r: r.options.exact_search, _exact,
+             frozenset({"exact_search", "max_nodes"})),
     Strategy("stochastic beam search", lambda r: r.options.stochastic_beam_search, _stochastic,
              frozenset({"stochastic_beam_search"})),
     Strategy("tensor2tensor's beam search (semantics='t2t')", _toolkit_beams("t2t"), _t2t),

@@ -163,6 +163,20 @@ COMBINATIONS: list[Combination] = [
     Combination("t2t beams with early_stopping='never'", lambda o: _T2T(o) and o.early_stopping not in (True, False),
                 lambda o: f"early_stopping is t2t's stop_early under semantics='t2t': True or False, "
                           f"got {o.early_stopping!r}"),
+    # exact search: one hypothesis, the best under transformers' beam score, ended only by an end token or the limit
+    Combination("exact search with do_sample", lambda o: o.exact_search and o.do_sample,
+                "exact_search=True finds the best hypothesis: it cannot be combined with do_sample=True"),
+    Combination("exact search with several sequences", lambda o: o.exact_search and o.num_return_sequences > 1,
+                "exact_search=True returns one hypothesis per example: num_return_sequences must be 1"),
+    Combination("exact search outside semantics='hf'", lambda o: o.exact_search and o.semantics != "hf",
+                lambda o: f"exact_search=True scores as transformers' beam search: it needs semantics='hf', got "
+                          f"{o.semantics!r}"),
+    Combination("exact search with per-step outputs", lambda o: o.exact_search and (o.output_scores or o.output_logits),
+                "exact_search=True keeps no per-step scores or logits (its rows change at every step)"),
+    Combination("exact search with stop strings or a time limit",
+                lambda o: o.exact_search and (bool(o.stop_strings) or o.max_time is not None),
+                "exact_search=True ends hypotheses only at an end token or the length limit: stop_strings and "
+                "max_time are not supported with it"),
     # the arguments of search() against the options
     _of_request("prefix_bias_beta without target_prefix",
                 lambda r: bool(r.prefix_bias_beta) and r.target_prefix is None,
@@ -184,6 +198,11 @@ COMBINATIONS: list[Combination] = [
                                                                 or r.constraints is not None),
                 "stochastic_beam_search cannot be combined with sequence_scorer, unique, output_alignments or "
                 "force_words_ids"),
+    _of_request("exact search with other stopping criteria", lambda r: r.options.exact_search and r.other_criteria,
+                "exact_search=True ends hypotheses only at an end token or the length limit: a stopping criterion "
+                "of the caller's is not supported with it"),
+    _of_request("incumbent without exact search", lambda r: r.incumbent is not None and not r.options.exact_search,
+                "incumbent is a threshold for exact_search=True; pass exact_search=True or no incumbent"),
     _of_request("onmt ratio without source lengths",
                 lambda r: _ONMT(r.options) and r.options.ratio > 0 and r.source_lengths is None,
                 "ratio needs the source lengths (search(..., source_lengths=))"),
