@@ -16,6 +16,10 @@ CMUDICT_TEST = Path(__file__).resolve().parent.parent / "data" / "cmudict" / "te
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    if args.beams is None:
+        args.beams = list(range(1, 11)) if args.search_errors else [1, 5]
+    if args.plot and not args.search_errors:
+        raise CLIError("--plot needs --search-errors")
     bad = [beams for beams in args.beams if beams < 1]
     if bad:
         raise CLIError(f"--beams: {bad[0]} is not a beam width")
@@ -43,6 +47,15 @@ def run_eval(args: argparse.Namespace) -> int:
     lines = [Line(i, f"{path.name}:{i}", source) for i, (source, _) in enumerate(entries, 1)]
     refs = [r for _, r in entries]
     limit = input_limit(args, m)
+    if args.search_errors:
+        from .search_errors import plot, print_table, report
+
+        rows = report(m, lines, refs, options, args, limit)
+        report_long_inputs(m, limit, args.on_long)
+        print_table(rows, len(lines), path)
+        if args.plot:
+            print(plot(rows, args.plot))
+        return 0
     bar = progress(len(lines) * len(args.beams), args.quiet)
     rows = []
     for beams in args.beams:

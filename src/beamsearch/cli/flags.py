@@ -28,6 +28,9 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str, str]] = {
     "--diversity-penalty": ("diversity_penalty", float, SEARCH, "diverse beam search: Hamming diversity penalty"),
     "--semantics": ("semantics", str, SEARCH, "whose beam search: hf, onmt, t2t, ct2 (default: hf)"),
     "--patience": ("patience", float, SEARCH, "CTranslate2 patience factor"),
+    "--exact-search": ("exact_search", None, SEARCH, "the best output under the beam score, by branch and bound "
+                                                     "(after a --num-beams search that gives it a threshold)"),
+    "--max-nodes": ("max_nodes", int, SEARCH, "exact search: partial outputs expanded per input before it gives up"),
     "--exact-parity": ("exact_parity", None, SEARCH, "compute on transformers' rows and shapes: its generate bit "
                                                      "for bit on this machine (slower; not with --max-rows)"),
     "--length-penalty": ("length_penalty", float, LENGTH, "exponent of the length normalisation of beam scores"),
@@ -39,6 +42,7 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str, str]] = {
     "--max-len-b": ("max_len_b", int, LENGTH, "see --max-len-a"),
     "--repetition-penalty": ("repetition_penalty", float, PENALTIES, "CTRL repetition penalty"),
     "--no-repeat-ngram-size": ("no_repeat_ngram_size", int, PENALTIES, "forbid repeating n-grams of this size"),
+    "--loop-guard": ("loop_guard", int, PENALTIES, "forbid this many back-to-back copies of any 1-4-gram (>= 2)"),
     "--encoder-repetition-penalty": ("encoder_repetition_penalty", float, PENALTIES,
                                      "favour (>1) or avoid (<1) the input's tokens (encoder-decoder models)"),
     "--encoder-no-repeat-ngram-size": ("encoder_no_repeat_ngram_size", int, PENALTIES,
@@ -183,8 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     g["input/output"].add_argument("--data", help="TSV: input<TAB>reference<TAB>... (default: the shipped CMUdict "
                                    "test split)")
     model_args(g)
-    g[SEARCH].add_argument("--beams", type=int, nargs="+", default=[1, 5], help="beam widths to compare "
-                           "(1: greedy)")
+    g[SEARCH].add_argument("--beams", type=int, nargs="+", help="beam widths to compare (1: greedy; default: 1 5, "
+                           "or 1 to 10 with --search-errors)")
+    g[SEARCH].add_argument("--search-errors", action="store_true", help="compare each beam width with exact search: "
+                           "search errors, model errors, empty and degenerate outputs")
+    g["input/output"].add_argument("--plot", metavar="PNG", help="with --search-errors: also draw the table here")
     generation_args(g, skip=("--num-beams",))
     g["input/output"].add_argument("--limit", type=int, help="only the first N examples")
     g["input/output"].add_argument("--quiet", "-q", action="store_true", help="no progress bar")

@@ -31,6 +31,7 @@ t0 start tokens, G = L - t0 generated positions.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -58,6 +59,15 @@ class ExactResult(SearchResult):
     proven: torch.Tensor | None = None
     upper_bound: torch.Tensor | None = None
     nodes: torch.Tensor | None = None
+
+    def to_dicts(self, decode: Any = None) -> list[list[dict[str, Any]]]:
+        """:meth:`SearchResult.to_dicts`, each hypothesis with ``proven``, ``upper_bound`` and ``nodes``."""
+        out = super().to_dicts(decode)
+        for b, hyps in enumerate(out):
+            for hyp in hyps:
+                hyp.update(proven=bool(self.proven[b]), upper_bound=float(self.upper_bound[b]),
+                           nodes=int(self.nodes[b]))
+        return out
 
 
 class ExactSearch:
