@@ -97,12 +97,14 @@ MODES = {
 }
 
 
-def corrupting_step(bad_step: int, bad_example: int, value: float, whole_row: bool = False):
+def corrupting_step(bad_step: int, bad_example: int, value: float, whole_row: bool = False, device: str = "cpu"):
     """A step over a fixed random table whose rows of ``bad_example`` get ``value`` at step ``bad_step``.
 
-    The state holds each row's example index (the search reorders and compacts it with the rows)."""
+    The state holds each row's example index (the search reorders and compacts it with the rows); the table lives
+    on ``device`` (tests/test_cuda.py runs the same cases on a GPU)."""
     table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)) * 2
     table[:, EOS] = -20.0
+    table = table.to(device)
 
     def step(tokens, state):
         logits = table[tokens[:, -1]]

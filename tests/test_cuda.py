@@ -21,6 +21,7 @@ import types
 
 import pytest
 import torch
+import test_bad_values as bad_values
 from fakes import GRUDecoder
 from numerics import assert_scores_close, near_tie
 from parity_grid import _same_rows, assert_bitwise_output, assert_equivalent_output, reference_margin
@@ -304,37 +305,9 @@ def test_stochastic_beam_search_on_the_device_samples_distinct_sequences():
 
 # ---------------------------------------------------------------------------------------------- NaN on the device
 
-MODES = {
-    "greedy": {},
-    "sample": {"do_sample": True, "num_return_sequences": 2},
-    "beam": {"num_beams": 3},
-    "beam sample": {"num_beams": 3, "do_sample": True},
-    "group": {"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 0.5},
-    "constrained": {"num_beams": 3, "force_words_ids": [[4]]},
-    "onmt": {"num_beams": 3, "semantics": "onmt", "max_length_ratio": 0, "eos_token_id": EOS},
-    "t2t": {"num_beams": 3, "semantics": "t2t", "eos_token_id": EOS},
-    "ct2": {"num_beams": 3, "semantics": "ct2", "eos_token_id": EOS},
-}
-
-
 def corrupting_step(bad_step: int, bad_example: int, value: float, whole_row: bool = False):
-    """Logits from the last token (a random table on the device, EOS unlikely) whose rows of ``bad_example`` get
-    ``value`` at step ``bad_step``; the state holds each row's example index and follows the rows."""
-    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)) * 2
-    table[:, EOS] = -20.0
-    table = table.to(DEVICE)
-
-    def step(tokens, state):
-        logits = table[tokens[:, -1]]
-        if tokens.shape[1] - 1 == bad_step:
-            rows = state == bad_example  # [N]
-            if whole_row:
-                logits[rows] = value
-            else:
-                logits[rows, 3] = value
-        return logits, state
-
-    return step
+    """test_bad_values' corrupting step (a random table, EOS unlikely) on the device, with its search modes."""
+    return bad_values.corrupting_step(bad_step, bad_example, value, whole_row, device=DEVICE)
 
 
 def search_corrupted(step, batch: int = 3, **options):
@@ -342,7 +315,7 @@ def search_corrupted(step, batch: int = 3, **options):
                              torch.arange(batch, device=DEVICE), max_new_tokens=5, **options)
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", list(bad_values.MODES))
 @pytest.mark.parametrize(("bad_step", "bad_example"), [(0, 0), (2, 1), (4, 2)])  # step 4: the last one
 def test_nan_logits_on_the_device_name_the_step_and_the_example(mode, bad_step, bad_example):
     """Sampling: the softmax row is NaN; on the device it is made uniform before ``torch.multinomial`` (whose
@@ -350,7 +323,7 @@ def test_nan_logits_on_the_device_name_the_step_and_the_example(mode, bad_step, 
     step = corrupting_step(bad_step, bad_example, NAN)
     message = rf"^the model's logits hold NaN at step {bad_step} \(example {bad_example}\)$"
     with pytest.raises(SearchError, match=message):
-        search_corrupted(step, **MODES[mode])
+        search_corrupted(step, **bad_values.MODES[mode])
     assert_device_healthy()
 
 
@@ -358,7 +331,7 @@ def test_nan_logits_on_the_device_name_the_step_and_the_example(mode, bad_step, 
 def test_sampling_a_row_of_minus_infinity_on_the_device_is_a_search_error(mode):
     step = corrupting_step(1, 0, -INF, whole_row=True)
     with pytest.raises(SearchError, match=r"^the model's logits are -inf for every token .* at step 1 \(example 0\)$"):
-        search_corrupted(step, batch=2, **MODES[mode])
+        search_corrupted(step, batch=2, **bad_values.MODES[mode])
     assert_device_healthy()
 
 
