@@ -20,8 +20,8 @@ import functools
 import types
 
 import pytest
-import torch
 import test_bad_values as bad_values
+import torch
 from fakes import GRUDecoder
 from numerics import assert_scores_close, near_tie
 from parity_grid import _same_rows, assert_bitwise_output, assert_equivalent_output, reference_margin
