@@ -27,15 +27,19 @@ def no_eos_model(vocab: int = 9, seed: int = 0):
     return step
 
 
-@pytest.mark.parametrize("num_beams", [1, 3])
+@pytest.mark.parametrize(("num_beams", "do_sample"), [(1, False), (3, False), (3, True)])
 @pytest.mark.parametrize(("a", "b"), [(0.0, 3), (1.0, 0), (0.5, 2), (1.5, 1)])
-def test_each_example_stops_at_its_own_limit(num_beams, a, b):
+def test_each_example_stops_at_its_own_limit(num_beams, do_sample, a, b):
+    """Greedy, beam search and beam sampling: each example's own limit (the embedded model's case of an example
+    left without a live beam while others go on is tests/test_compaction.py's beam sampling run)."""
     source_lengths = torch.tensor([1, 4, 7])
     start = torch.tensor([[5], [6], [7]])
+    torch.manual_seed(0)
     result = beamsearch.search(
         no_eos_model(),
         start,
         num_beams=num_beams,
+        do_sample=do_sample,
         eos_token_id=EOS,
         pad_token_id=EOS,
         max_new_tokens=40,

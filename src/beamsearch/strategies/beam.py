@@ -145,7 +145,9 @@ class BeamSearch(PoolSearch):
         if self.do_sample:
             totals = (log_probs + self.live.scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
             flat, invalid = sample(torch.softmax(totals, dim=-1), self.num_candidates)  # [B, C], [B]
-            self.watch.flag(invalid)
+            # an example with no live beam left (every one -inf, e.g. past a source-tied limit) has nothing to
+            # sample and stays with its finished pool, as in beam search; any other example must have a distribution
+            self.watch.flag(invalid & (self.live.scores > MASK / 2).any(dim=1))
             scores = torch.gather(totals, 1, flat)  # [B, C]
         else:
             scores, flat = self._choose_candidates(log_probs)  # [B, C]
