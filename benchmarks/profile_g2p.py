@@ -116,15 +116,18 @@ def main() -> None:
             name = "greedy" if beams == 1 else f"beam {beams}"
             print(f"| {name} | {wall:.2f} | {cells} | {rest:.2f} s ({100 * rest / wall:.0f}%) | {steps} | "
                   f"{1000 * wall / max(steps, 1):.2f} |")
+        from beamsearch.adapters.hf import search_model
+
         for beams in (1, args.beams):
             inputs = tokenizer(words[: args.batch], return_tensors="pt", padding=True)
-            from beamsearch.adapters.hf import search_model
 
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 search_model(model, **inputs, num_beams=beams)
             name = "greedy" if beams == 1 else f"beam {beams}"
             print(f"\n{name}, one batch of {args.batch}: operators by self CPU time\n")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=40))
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top,
+                                              max_name_column_width=40)
+            print(table)
 
 
 if __name__ == "__main__":
