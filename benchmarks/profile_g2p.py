@@ -1,7 +1,7 @@
 """Where the time of one G2P decode goes: model step, search step, state reorder, and the rest (issue 21's profile).
 
 Decodes the first ``--words`` words of the CMUdict test split with the embedded model through
-``beamsearch.adapters.hf.search_model`` (the CLI's path), in batches, once greedy and once at ``--beams``. Every
+``beamsearch.adapters.hf.search_model`` (the CLI's path), sorted by length and batched as the CLI does, once greedy and once at ``--beams``. Every
 model step, strategy step (processors, selection, stopping: ``strategy.advance``), state reorder and
 ``strategy.is_done`` (the step's host sync) is timed with ``perf_counter``; what is left of the wall time is the
 adapter's setup (tokenizer padding, encoder, state creation) and the loop's own Python. Then ``torch.profiler``
@@ -94,6 +94,7 @@ def main() -> None:
     model = AutoModelForSeq2SeqLM.from_pretrained(G2P_DIR, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(G2P_DIR)
     words = [line.split("\t")[0] for line in WORDS.read_text(encoding="utf-8").splitlines() if line][: args.words]
+    words.sort(key=len)  # batched by length, as the CLI batches its inputs (less padding)
     print(f"{len(words)} CMUdict test words, batches of {args.batch}, {args.threads} thread(s), torch "
           f"{torch.__version__}\n")
     print("| search | wall s | model step | search step (advance) | state reorder | host sync (is_done) | rest | "
