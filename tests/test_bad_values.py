@@ -135,10 +135,10 @@ def test_positive_infinity_is_named(mode):
         beamsearch.search(step, torch.ones(3, 1, dtype=torch.long), torch.arange(3), max_new_tokens=4, **MODES[mode])
 
 
-@pytest.mark.parametrize("options", [{"num_beams": 1}, {"num_beams": 3}])
-def test_examples_keep_their_index_after_others_left_the_batch(options):
-    """Example 0 ends at step 0 and leaves the batch (remove_finished); example 2's NaN at step 2 is named 2."""
-    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4))
+def check_examples_keep_their_index(num_beams: int, device: str = "cpu") -> None:
+    """Example 0 ends at step 0 and leaves the batch (remove_finished); example 2's NaN at step 2 is named 2.
+    tests/test_cuda.py runs it on a GPU."""
+    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)).to(device)
 
     def step(tokens, state):
         logits = table[tokens[:, -1]].clone()
@@ -155,10 +155,14 @@ def test_examples_keep_their_index_after_others_left_the_batch(options):
         return step(tokens, state)
 
     with pytest.raises(SearchError, match=r"^the model's logits hold NaN at step 2 \(example 2\)$"):
-        beamsearch.search(counted, torch.ones(3, 1, dtype=torch.long), torch.arange(3), max_new_tokens=5,
-                          eos_token_id=0, **options)
-    k = options["num_beams"]
-    assert rows_seen[0] == 3 * k and rows_seen[-1] == 2 * k  # example 0 had left
+        beamsearch.search(counted, torch.ones(3, 1, dtype=torch.long, device=device),
+                          torch.arange(3, device=device), max_new_tokens=5, eos_token_id=0, num_beams=num_beams)
+    assert rows_seen[0] == 3 * num_beams and rows_seen[-1] == 2 * num_beams  # example 0 had left
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_examples_keep_their_index_after_others_left_the_batch(num_beams):
+    check_examples_keep_their_index(num_beams)
 
 
 def test_nan_in_a_finished_greedy_row_changes_nothing():

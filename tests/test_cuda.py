@@ -350,25 +350,7 @@ def test_sampling_rows_masked_by_a_processor_on_the_device_is_a_search_error():
 
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_examples_keep_their_index_on_the_device_after_others_left(num_beams):
-    """Example 0 ends at step 0 and leaves the batch; example 2's NaN at step 2 is named 2."""
-    table = (torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4))).to(DEVICE)
-
-    def step(tokens, state):
-        logits = table[tokens[:, -1]].clone()
-        logits[:, 0] = torch.where(state == 0, 50.0, -50.0)  # example 0: EOS at once
-        if tokens.shape[1] == 3:
-            logits[state == 2, 1] = NAN
-        return logits, state
-
-    rows_seen = []
-
-    def counted(tokens, state):
-        rows_seen.append(tokens.shape[0])
-        return step(tokens, state)
-
-    with pytest.raises(SearchError, match=r"^the model's logits hold NaN at step 2 \(example 2\)$"):
-        search_corrupted(counted, eos_token_id=0, num_beams=num_beams)
-    assert rows_seen[0] == 3 * num_beams and rows_seen[-1] == 2 * num_beams  # example 0 had left
+    bad_values.check_examples_keep_their_index(num_beams, device=DEVICE)
     assert_device_healthy()
 
 
