@@ -38,8 +38,7 @@ import torch
 from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
 from ..scoring import hf_length_normalised
-from .pool import Hypotheses
-from .score_checks import ScoreWatch
+from .pool import Hypotheses, PoolSearch
 
 MARGIN = 1.0e-4  # relative slack on the incumbent's score when it only serves as a pruning threshold
 
@@ -70,10 +69,11 @@ class ExactResult(SearchResult):
         return out
 
 
-class ExactSearch:
-    """Branch and bound over all hypotheses up to the length limit (see the module docstring)."""
+class ExactSearch(PoolSearch):
+    """Branch and bound over all hypotheses up to the length limit (see the module docstring).
 
-    rows_per_example = 1
+    Its live hypotheses are the frontier, one row each (``[N, ...]`` fields, not ``[B, K, ...]``): the loop starts
+    it with one row per example."""
 
     def __init__(self, input_ids: torch.Tensor, max_length: int, processors, *, eos_token_id: tuple[int, ...] | None,
                  fill_token_id: int, length_penalty: float, max_nodes: int, trace,
@@ -81,22 +81,16 @@ class ExactSearch:
         if not all(callable(getattr(p, "select_rows", None)) for p in processors):
             raise ValueError("exact search needs processors that can follow rows (select_rows(index)); a user "
                              "processor without it cannot be used with exact_search")
-        b, t0 = input_ids.shape
-        device = input_ids.device
-        self.batch_size, self.prompt_length, self.max_length = b, t0, max_length
-        self.processors, self.trace = processors, trace
+        super().__init__(input_ids, 1, max_length, processors, None, trace)
+        (b, t0), device = input_ids.shape, input_ids.device
         self.length_penalty, self.max_nodes = length_penalty, max_nodes
         self.eos = torch.tensor(eos_token_id or (), dtype=torch.long, device=device)  # [E]
-        self.length = t0
         # the frontier: one row per partial hypothesis, "example" [N] says whose; scores hold totals of log-probs
         self.frontier = Hypotheses.start(input_ids, 1, max_length, fill_token_id,
                                          scores=torch.zeros(b, 1, device=device)).map(lambda x: x.squeeze(1))
         self.example = torch.arange(b, device=device)  # [N]
         # the incumbent: the best complete hypothesis found so far, [B, 1]
-        self.best = Hypotheses.start(input_ids, 1, max_length, fill_token_id,
-                                     scores=torch.full((b, 1), float("-inf"), device=device),
-                                     reasons=torch.zeros(b, 1, dtype=torch.long, device=device),
-                                     finished=torch.zeros(b, 1, dtype=torch.bool, device=device))
+        self.best = Hypotheses.empty(input_ids, 1, max_length, fill_token_id, float("-inf"))
         self.threshold = torch.full((b,), float("-inf"), device=device)  # [B] what a child's bound must beat
         if incumbent is not None:
             claimed = incumbent.sequences_scores[:, 0].to(device=device, dtype=torch.float32)
@@ -107,7 +101,6 @@ class ExactSearch:
         self.nodes = torch.zeros(b, dtype=torch.long, device=device)  # [B]
         self.upper_bound = torch.full((b,), float("-inf"), device=device)  # [B] of what the budget cut off
         self._done = max_length <= t0
-        self.watch = ScoreWatch()
 
     def tokens(self) -> torch.Tensor:
         return self.frontier.tokens[:, : self.length]  # [N, t]
@@ -173,12 +166,10 @@ class ExactSearch:
         counts = torch.zeros_like(self.nodes).index_put((self.example,), alive.sum(dim=1), accumulate=True)  # [B]
         over = self.nodes + counts > self.max_nodes  # [B]
         self.nodes = torch.where(over, self.nodes, self.nodes + counts)
-        if bool(over.any()):
-            cut = torch.where(alive, bound, float("-inf")).max(dim=1)[0]  # [N]
-            cut = torch.full_like(self.upper_bound, float("-inf")).scatter_reduce(0, self.example, cut, "amax")
-            self.upper_bound = torch.where(over, torch.maximum(self.upper_bound, cut), self.upper_bound)
-            alive = alive & ~over[self.example][:, None]
-        return alive
+        cut = torch.where(alive, bound, float("-inf")).max(dim=1)[0]  # [N] (no host sync to ask whether any is over)
+        cut = torch.full_like(self.upper_bound, float("-inf")).scatter_reduce(0, self.example, cut, "amax")
+        self.upper_bound = torch.where(over, torch.maximum(self.upper_bound, cut), self.upper_bound)
+        return alive & ~over[self.example][:, None]
 
     def is_done(self) -> bool:
         return self._done
