@@ -56,6 +56,11 @@ class Scores:
         return {"n": self.n, "wer": self.wer, "wer_stress": self.wer_stress, "per": self.per}
 
 
+def right_without_stress(hyp: Sequence[str], refs: Sequence[Sequence[str]]) -> bool:
+    """Whether ``hyp`` equals one of ``refs`` once stress digits are removed (the WER rule)."""
+    return strip_stress(hyp) in [strip_stress(r) for r in refs]
+
+
 def score(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[Sequence[str]]]) -> Scores:
     """WER with and without stress digits, and PER, of ``hyps`` against ``refs`` (several per input)."""
     if len(hyps) != len(refs):
@@ -66,7 +71,7 @@ def score(hyps: Sequence[Sequence[str]], refs: Sequence[Sequence[Sequence[str]]]
             raise ValueError(f"input {n} has no reference to score against")
         hyp = list(hyp)
         wrong_stress += hyp not in [list(r) for r in rs]
-        wrong += strip_stress(hyp) not in [strip_stress(r) for r in rs]
+        wrong += not right_without_stress(hyp, rs)
         dist, length = min(((edit_distance(hyp, r), len(r)) for r in rs), key=lambda t: (t[0] / max(t[1], 1), t[0]))
         errs += dist
         ref_len += length

@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..evaluation import strip_stress
+from ..evaluation import right_without_stress as right
 from .decoding import Model, decode_lines
 from .inputs import CLIError, Line
 
@@ -32,10 +32,6 @@ def looping(tokens: list[str], copies: int = 3, longest: int = 4) -> bool:
     """Whether ``tokens`` hold ``copies`` back-to-back copies of some n-gram, n <= ``longest``."""
     return any(tokens[i : i + copies * n] == tokens[i : i + n] * copies
                for n in range(1, longest + 1) for i in range(len(tokens) - copies * n + 1))
-
-
-def right(tokens: list[str], references: list[list[str]]) -> bool:
-    return strip_stress(tokens) in [strip_stress(r) for r in references]
 
 
 def best(m: Model, lines: list[Line], options: dict[str, Any], args: argparse.Namespace, limit: Any) -> list[Any]:
