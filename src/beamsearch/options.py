@@ -51,6 +51,7 @@ SEARCH_ARGUMENTS = (
 
 
 SEMANTICS = ("hf", "onmt", "t2t", "ct2")
+MAX_NODES = 100_000  # exact search's default budget of partial hypotheses per example
 # Options beyond transformers' GenerationConfig: other toolkits' and our own (the Hugging Face adapter takes them
 # from the call's kwargs).
 TOOLKIT_OPTIONS = (
@@ -116,7 +117,7 @@ class SearchOptions:
     diversity_penalty: float = 0.0  # subtracted per earlier-group choice of the same token at the same step
     stochastic_beam_search: bool = False  # num_beams samples without replacement (Kool et al., 2019)
     exact_search: bool = False  # the best hypothesis under the beam score, by branch and bound (strategies/exact.py)
-    max_nodes: int = 100_000  # exact search: partial hypotheses expanded per example before it gives up (unproven)
+    max_nodes: int = MAX_NODES  # exact search: partial hypotheses expanded per example before it gives up (unproven)
     loop_guard: int = 0  # >= 2: ban the token completing that many back-to-back copies of any n-gram (n <= 4)
     # special tokens
     eos_token_id: tuple[int, ...] | None = None

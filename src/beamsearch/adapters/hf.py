@@ -15,7 +15,7 @@ import torch
 
 from ..engine import search
 from ..errors import SearchError
-from ..options import TOOLKIT_OPTIONS
+from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
 from .hf_inputs import REJECTED_ARGUMENTS, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
@@ -112,7 +112,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
 
     if options.exact_search and search_arguments.get("incumbent") is None:
         # exact search starts from the best of a search with the same options (num_beams as given), its threshold
-        beam = dataclasses.replace(options, exact_search=False, max_nodes=100_000)
+        beam = dataclasses.replace(options, exact_search=False, max_nodes=MAX_NODES)
         search_arguments["incumbent"] = run(beam, {**search_arguments, "incumbent": None})
     return run(options, search_arguments), config, options
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..options import SearchOptions
+from ..options import MAX_NODES, SearchOptions
 from ..stopping import EosTokenCriteria, MaxLengthCriteria
 from .base import StepTrace
 from .validation import TOOLKIT_ONLY, check_combinations
@@ -76,7 +76,7 @@ def _option(name: str) -> Callable[[Request], Any]:
 STRATEGY_OPTIONS: dict[str, tuple[Callable[[Request], Any], Any]] = {
     "do_sample": (_option("do_sample"), False),
     "exact_search": (_option("exact_search"), False),
-    "max_nodes": (_option("max_nodes"), 100_000),
+    "max_nodes": (_option("max_nodes"), MAX_NODES),
     "stochastic_beam_search": (_option("stochastic_beam_search"), False),
     "num_beam_groups": (_option("num_beam_groups"), 1),
     "diversity_penalty": (_option("diversity_penalty"), 0.0),
