@@ -42,6 +42,11 @@ def flat_parent_rows(parents: torch.Tensor) -> torch.Tensor:
     return (parents + offsets).reshape(-1)
 
 
+def example_rows(examples: torch.Tensor, rows_per_example: int) -> torch.Tensor:
+    """Example positions ``[E]`` -> the flat rows ``[E * K]`` of their K rows each, in order."""
+    return (examples[:, None] * rows_per_example + torch.arange(rows_per_example, device=examples.device)).reshape(-1)
+
+
 def reorder_state(state: Any, index: torch.Tensor) -> Any:
     """Reorder (or expand) every row-indexed part of a model state.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..beams import flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
+from ..beams import example_rows, flat_parent_rows, flatten_beams, gather_beams, unflatten_beams
 from ..compaction import ActiveExamples
 from ..processors.pipeline import run_processors
 from ..ranking import PoolKeys, SequenceScorer, UniqueKey, score_candidates
@@ -125,7 +125,7 @@ class BeamSearch(PoolSearch):
         keep, self.finished, (self.live, self.can_improve) = self.active.drop(
             done, self.finished, (self.live, self.can_improve))  # [B'']
         self.example_ids = self.active.ids
-        kept_rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).reshape(-1)  # [N'']
+        kept_rows = example_rows(keep, k)  # [N'']
         self.processors = self.processors.select_rows(kept_rows)
         return rows.index_select(0, kept_rows)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..beams import flatten_beams
+from ..beams import example_rows, flatten_beams
 from ..compaction import ActiveExamples
 from ..processors.pipeline import run_processors
 from ..results import FinishReason, SearchResult
@@ -114,7 +114,7 @@ class SamplingSearch(PoolSearch):
         if self._done or not any(done):
             return None
         keep, self.live, _ = self.active.drop(done, self.live, ())
-        kept_rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).reshape(-1)  # [N'']
+        kept_rows = example_rows(keep, k)  # [N'']
         self.processors = self.processors.select_rows(kept_rows)
         return kept_rows
 
