@@ -20,7 +20,7 @@ import torch
 from ..options import MAX_NODES, SearchOptions
 from ..stopping import EosTokenCriteria, MaxLengthCriteria
 from .base import StepTrace
-from .validation import TOOLKIT_ONLY, check_combinations
+from .validation import TOOLKIT_ONLY, check_combinations, toolkit_beams
 
 
 @dataclasses.dataclass
@@ -204,7 +204,8 @@ _CT2_OPTIONS = {name for name, (owner, _) in TOOLKIT_ONLY.items() if owner == "c
 
 
 def _toolkit_beams(semantics: str) -> Callable[[Request], bool]:
-    return lambda r: r.beams and r.options.semantics == semantics
+    options_rule = toolkit_beams(semantics)  # the table's own rule, on the request's options
+    return lambda r: options_rule(r.options)
 
 
 # In order of precedence: the first strategy whose rule holds runs the search.

@@ -70,7 +70,7 @@ def _groups(o: Any) -> str:
     return f"num_beam_groups={o.num_beam_groups} (diverse beam search)"
 
 
-def _toolkit_beams(semantics: str) -> Callable[[Any], bool]:
+def toolkit_beams(semantics: str) -> Callable[[Any], bool]:
     """Whether that toolkit's beam search would run on these options (``num_beams=1`` runs greedy search)."""
     return lambda o: o.semantics == semantics and o.num_beams > 1
 
@@ -99,7 +99,7 @@ def _wrong_length_penalty(o: Any) -> bool:
     return o.length_penalty_type is not None and o.length_penalty_type not in allowed
 
 
-_CT2, _ONMT, _T2T = _toolkit_beams("ct2"), _toolkit_beams("onmt"), _toolkit_beams("t2t")
+_CT2, _ONMT, _T2T = toolkit_beams("ct2"), toolkit_beams("onmt"), toolkit_beams("t2t")
 
 # Checked in this order: the options-only rows, then the request's.
 COMBINATIONS: list[Combination] = [
