@@ -1,12 +1,12 @@
 """Where the time of one G2P decode goes: model step, search step, state reorder, and the rest (issue 21's profile).
 
 Decodes the first ``--words`` words of the CMUdict test split with the embedded model through
-``beamsearch.adapters.hf.search_model`` (the CLI's path), sorted by length and batched as the CLI does, once
-greedy and once at ``--beams``. Every model step, strategy step (processors, selection, stopping: ``strategy.advance``), state reorder and
-``strategy.is_done`` (the step's host sync) is timed with ``perf_counter``; what is left of the wall time is the
-adapter's setup (tokenizer padding, encoder, state creation) and the loop's own Python. Then ``torch.profiler``
-runs one batch of each and lists the operators by self CPU time, so that the model's share can be split into its
-kernels and the dispatch around them.
+``beamsearch.adapters.hf.search_model`` (the CLI's path), sorted by length and batched as the CLI does, once greedy
+and once at ``--beams``. Every model step, strategy step (processors, selection, stopping: ``strategy.advance``),
+state reorder and ``strategy.is_done`` (the step's host sync) is timed with ``perf_counter``; what is left of the
+wall time is the adapter's setup (tokenizer padding, encoder, state creation) and the loop's own Python. Then
+``torch.profiler`` runs one batch of each and lists the operators by self CPU time, so that the model's share can be
+split into its kernels and the dispatch around them.
 
     .venv/bin/python benchmarks/profile_g2p.py [--words 512] [--batch 64] [--beams 5] [--threads 1]
 
