@@ -17,6 +17,7 @@ from .stopping import build_stopping_criteria
 from .strategies.base import StepTrace
 from .strategies.constrained import parse_constraints
 from .strategies.registry import Request, check, choose
+from .streaming import Listener, PrefixWatch
 
 
 def search(
@@ -40,6 +41,8 @@ def search(
     force_words_ids: Any = None,
     incumbent: Any = None,
     encoder_input_ids: torch.Tensor | None = None,
+    stream_to: Listener | None = None,
+    provisional: bool = False,
     **kwargs: Any,
 ) -> SearchResult:
     """Decode with any model through one step function.
@@ -83,6 +86,10 @@ def search(
             encoder's input (for decoder-only models, the prompt), as ``generate`` does.
         output_alignments: keep, for each generated token, the attention over the source of the step that chose
             it (``result.alignments [B, n, T', S]``); the step must return ``(logits, state, attention [N, S])``.
+        stream_to: a callable given each :class:`~beamsearch.streaming.StreamEvent` while the search runs: the
+            committed prefix of the best hypothesis as it becomes final (``streaming.py`` says when); one example
+            only (B = 1). :func:`beamsearch.stream` wraps it as an iterator.
+        provisional: with ``stream_to``: stream the current best with corrections instead.
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
             ``eos_token_id``, ``do_sample``, ``temperature``, ...). Unknown ones raise ValueError.
 
@@ -127,7 +134,15 @@ def search(
     request.removal = (options.remove_finished and not options.do_sample and not options.output_scores
                        and not options.output_logits and request.constraints is None and request.unique_key is None
                        and removal_is_exact(processors, criteria))
-    return decode(step, state, choose(request), batch_size)
+    strategy = choose(request)
+    if stream_to is None:
+        return decode(step, state, strategy, batch_size)
+    if batch_size != 1:
+        raise ValueError(f"streaming decodes one example at a time (input_ids [1, t0]), got a batch of {batch_size}")
+    watch = PrefixWatch(strategy, stream_to, provisional)
+    result = decode(step, state, strategy, batch_size)
+    watch.finish(result)
+    return result
 
 
 def _per_row(batch_size: int, rows: int, device: torch.device, padding_lengths: Any, source_lengths: Any,

@@ -221,6 +221,41 @@ class BeamSearch(PoolSearch):
         worst_finished = torch.where(pool.finished, torch.min(pool.scores, dim=1, keepdim=True)[0], MASK)
         self.can_improve = self.can_improve & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
+    def could_win(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The hypotheses that the returned best can still come from (streaming's committed prefix is theirs).
+
+        The best returned is the finished pool's first. A hypothesis in the pool only leaves it for a better one, and
+        every later finisher descends from a live beam of now; so the best is one of the pool's best now (all those
+        tied with it: ``topk`` may order ties either way) or a descendant of a live beam, while the live beams can
+        still enter the pool (``can_improve``, and not a full pool under ``early_stopping=True``). A subclass that
+        orders its pool otherwise (``_pool_order``) counts every finished hypothesis.
+
+        Returns:
+            ``tokens [B, M, L]``, ``lengths [B, M]`` (start tokens included), ``eligible [B, M]`` bool, and
+            ``leader [B]``: the position of the current best (the first live beam unless the pool's best scores at
+            least its length-normalised total, or the live beams are out), for provisional streaming. M = 2K: the
+            live beams, then the pool.
+        """
+        live, pool, k = self.live, self.finished, self.rows_per_example
+        pool_lengths = self.prompt_length + (pool.beam_indices >= 0).sum(dim=-1)  # [B, K]
+        pool_scores = torch.where(pool.finished, pool.scores, float("-inf"))  # [B, K]
+        best_finished = pool_scores.amax(dim=1, keepdim=True)  # [B, 1]
+        if type(self)._pool_order is BeamSearch._pool_order:
+            finished_ok = pool.finished & (pool.scores == best_finished)
+        else:
+            finished_ok = pool.finished
+        live_open = self.can_improve[:, :1]  # [B, 1]
+        if self.early_stopping is True:
+            live_open = live_open & ~torch.all(pool.finished, dim=-1, keepdim=True)
+        generated = max(self.length - self.prompt_length, 1)
+        live_best = live.scores[:, :1] / (generated**self.length_penalty)  # [B, 1]
+        finished_leads = (~live_open | (best_finished >= live_best))[:, 0] & pool.finished.any(dim=1)  # [B]
+        leader = torch.where(finished_leads, k + pool_scores.argmax(dim=1), 0)  # [B]
+        tokens = torch.cat((live.tokens, pool.tokens), dim=1)  # [B, 2K, L]
+        lengths = torch.cat((torch.full_like(pool_lengths, self.length), pool_lengths), dim=1)  # [B, 2K]
+        eligible = torch.cat((live_open.expand(-1, k), finished_ok), dim=1)  # [B, 2K]
+        return tokens, lengths, eligible, leader
+
     def is_done(self) -> bool:
         if self._done or self.active is not None:  # with removal, advance() decided
             return self._done

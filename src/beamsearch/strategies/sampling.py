@@ -118,6 +118,15 @@ class SamplingSearch(PoolSearch):
         self.processors = self.processors.select_rows(kept_rows)
         return kept_rows
 
+    def could_win(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What streaming reads: the first row of each example is the one returned first, and its tokens so far
+        stay (``tokens [B, K, L]``, ``lengths [B, K]``, ``eligible [B, K]`` the first row, ``leader [B]`` zeros);
+        see :meth:`BeamSearch.could_win`."""
+        rows = self.live
+        eligible = torch.zeros_like(rows.running)
+        eligible[:, 0] = True
+        return rows.tokens, rows.lengths, eligible, torch.zeros_like(rows.lengths[:, 0])
+
     def is_done(self) -> bool:
         if self.active is not None or self._done:  # advance() decided
             return self._done

@@ -28,6 +28,8 @@ R rows sampled from, X entries per row.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..errors import SearchError
@@ -39,6 +41,9 @@ class ScoreWatch:
     def __init__(self) -> None:
         self._step: tuple | None = None  # start()'s arguments: the step under watch
         self._invalid: torch.Tensor | None = None  # [B'] bool
+        # a listener whose small tensor rides along with every read (streaming: the committed prefix), so that it
+        # costs no host sync of its own; None (the default) leaves read() as it was
+        self.rider: Any = None
 
     def start(self, step: int, logits: torch.Tensor, scores: torch.Tensor | None = None,
               example_ids: torch.Tensor | None = None, masked_rows_allowed: bool = False) -> None:
@@ -64,6 +69,8 @@ class ScoreWatch:
         Raises:
             SearchError: the scores of the watched step hold NaN; names the step and the first such example.
         """
+        if self.rider is not None:
+            return self._read_with_rider(values)
         invalid, self._invalid = self._invalid, None
         if invalid is None:
             return values.tolist()
@@ -72,6 +79,21 @@ class ScoreWatch:
             raise SearchError(*self._describe(invalid))
         self._step = None  # the step's tensors are no longer needed
         return values
+
+    def _read_with_rider(self, values: torch.Tensor) -> list:
+        """``read(values)`` with the rider's ``values() -> LongTensor [X']`` in the same transfer; the rider's
+        ``receive(list)`` gets its part. Bool values come back as bools."""
+        rider, self.rider = self.rider, None
+        try:
+            extra = rider.values()
+            dtype = torch.promote_types(values.dtype, extra.dtype)
+            count = values.numel()
+            joined = self.read(torch.cat((values.reshape(-1).to(dtype), extra.to(device=values.device, dtype=dtype))))
+        finally:
+            self.rider = rider
+        rider.receive([int(v) for v in joined[count:]])
+        head = joined[:count]
+        return [bool(v) for v in head] if values.dtype == torch.bool else head
 
     def close(self) -> None:
         """Read a flag still pending (after a last step that ended without a host sync)."""
