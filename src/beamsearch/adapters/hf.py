@@ -17,6 +17,7 @@ from ..engine import search
 from ..errors import SearchError
 from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
+from ..streaming import streamer_listener
 from .hf_inputs import REJECTED_ARGUMENTS, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
@@ -44,6 +45,10 @@ def generate(
     on the same machine (and thread count, torch and transformers versions) every output is bit for bit
     transformers'; it cannot be combined with ``lean_step``, ``compile_step``, ``share_encoder_state``,
     ``max_rows`` or ``remove_finished=True``.
+
+    ``streamer=`` (transformers' ``TextStreamer``, ``TextIteratorStreamer``, or any object with ``put`` and ``end``)
+    works with beam search too: after the start tokens it is given the best hypothesis' committed prefix as it
+    becomes final (:mod:`beamsearch.streaming`); one example per call, as in transformers.
 
     Raises:
         ValueError: an argument or generation option we do not implement (named in the message).
@@ -74,6 +79,9 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     if max_rows is not None and kwargs.get("exact_parity"):
         raise ValueError("exact_parity=True cannot be combined with max_rows: sub-batches run on other row counts "
                          "than transformers")
+    streamer = kwargs.pop("streamer", None)
+    if max_rows is not None and streamer is not None:
+        raise ValueError("streamer cannot be combined with max_rows (a streamer takes one example)")
     if max_rows is not None:
         return _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs,
                                    max_rows)
@@ -110,11 +118,17 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
             **arguments,
         )
 
+    if streamer is not None:
+        streamer.put(setup["input_ids"].cpu())  # the start tokens first, as transformers does
+        search_arguments["stream_to"] = streamer_listener(streamer)
     if options.exact_search and search_arguments.get("incumbent") is None:
         # exact search starts from the best of a search with the same options (num_beams as given), its threshold
         beam = dataclasses.replace(options, exact_search=False, max_nodes=MAX_NODES)
-        search_arguments["incumbent"] = run(beam, {**search_arguments, "incumbent": None})
-    return run(options, search_arguments), config, options
+        search_arguments["incumbent"] = run(beam, {**search_arguments, "incumbent": None, "stream_to": None})
+    result = run(options, search_arguments)
+    if streamer is not None:
+        streamer.end()
+    return result, config, options
 
 
 def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs, max_rows):

@@ -37,7 +37,6 @@ REJECTED_ARGUMENTS = (
     "negative_prompt_attention_mask",
     "custom_generate",
     "synced_gpus",
-    "streamer",
 )
 
 
