@@ -9,10 +9,11 @@ from .errors import SearchError
 from .options import SearchOptions
 from .quantize import quantize_int8
 from .results import FinishReason, SearchResult
+from .streaming import StreamEvent, stream
 
 __all__ = [
-    "FinishReason", "SearchError", "SearchOptions", "SearchResult", "ensemble_step", "generate", "quantize_int8",
-    "search",
+    "FinishReason", "SearchError", "SearchOptions", "SearchResult", "StreamEvent", "ensemble_step", "generate",
+    "quantize_int8", "search", "stream",
 ]
 __version__ = "0.1.0"
 
