@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from .strategies.base import StepTrace
 from .strategies.constrained import parse_constraints
 from .strategies.registry import Request, check, choose
 from .streaming import Listener, PrefixWatch
+from .trace import TraceLimits, attach
 
 
 def search(
@@ -43,6 +45,7 @@ def search(
     encoder_input_ids: torch.Tensor | None = None,
     stream_to: Listener | None = None,
     provisional: bool = False,
+    trace: bool | TraceLimits = False,
     **kwargs: Any,
 ) -> SearchResult:
     """Decode with any model through one step function.
@@ -90,6 +93,9 @@ def search(
             committed prefix of the best hypothesis as it becomes final (``streaming.py`` says when); one example
             only (B = 1). :func:`beamsearch.stream` wraps it as an iterator.
         provisional: with ``stream_to``: stream the current best with corrections instead.
+        trace: record what beam search considered, kept and dropped at each step (``result.search_trace``, a
+            :class:`~beamsearch.trace.SearchTrace`); a :class:`~beamsearch.trace.TraceLimits` bounds it. Off, it
+            costs nothing.
         **kwargs: Hugging Face-named generation options (``num_beams``, ``max_new_tokens``,
             ``eos_token_id``, ``do_sample``, ``temperature``, ...). Unknown ones raise ValueError.
 
@@ -135,14 +141,17 @@ def search(
                        and not options.output_logits and request.constraints is None and request.unique_key is None
                        and removal_is_exact(processors, criteria))
     strategy = choose(request)
-    if stream_to is None:
+    if stream_to is None and not trace:
         return decode(step, state, strategy, batch_size)
-    if batch_size != 1:
+    if stream_to is not None and batch_size != 1:
         raise ValueError(f"streaming decodes one example at a time (input_ids [1, t0]), got a batch of {batch_size}")
-    watch = PrefixWatch(strategy, stream_to, provisional)
+    watch = None if stream_to is None else PrefixWatch(strategy, stream_to, provisional)
+    recorder = None if not trace else attach(strategy, trace if isinstance(trace, TraceLimits) else TraceLimits(),
+                                              prompt_length)
     result = decode(step, state, strategy, batch_size)
-    watch.finish(result)
-    return result
+    if watch is not None:
+        watch.finish(result)
+    return result if recorder is None else dataclasses.replace(result, search_trace=recorder.build(result))
 
 
 def _per_row(batch_size: int, rows: int, device: torch.device, padding_lengths: Any, source_lengths: Any,

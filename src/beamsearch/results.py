@@ -44,6 +44,7 @@ class SearchResult:
             history; 0 after the end.
         unmet_constraints: LongTensor ``[B, n]`` (only with ``force_words_ids``): how many constraints each
             hypothesis misses (0 unless it reached the length limit first).
+        search_trace: the :class:`~beamsearch.trace.SearchTrace` (only with ``trace=True``).
     """
 
     sequences: torch.Tensor
@@ -58,6 +59,7 @@ class SearchResult:
     beam_indices: torch.Tensor | None = None
     alignments: torch.Tensor | None = None
     unmet_constraints: torch.Tensor | None = None
+    search_trace: Any = None
 
     @property
     def best(self) -> torch.Tensor:

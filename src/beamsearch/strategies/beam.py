@@ -81,6 +81,7 @@ class BeamSearch(PoolSearch):
         """One step; returns the flat parent row of each new live beam, ``[N]`` (fewer rows once examples left), or
         None when there is nothing to reorder."""
         b = self.live.scores.shape[0]  # B': the active examples
+        before = self.live.scores, self.can_improve  # for the trace
         if self.length == self.prompt_length:
             check_enough_hypotheses(self.rows_per_example, self.num_return_sequences, logits.shape[-1],
                                     self.eos_token_id, self.max_length - self.prompt_length)
@@ -96,10 +97,12 @@ class BeamSearch(PoolSearch):
                                                                                            -1), parents)
         self.hits = self.criteria(flatten_beams(candidates.tokens[:, :, : self.length + 1]), self.trace.scores)
         self.hits = self.hits.reshape(b, self.num_candidates)  # [B, C]
-        self._update_finished(candidates)
+        pool_keep = self._update_finished(candidates)
         keep = self._update_running(candidates)
         self.length += 1
         self._update_can_improve()
+        if self.recorder is not None:
+            self.recorder.beam_step(self, logits, log_probs, candidates, parents, keep, pool_keep, before)
         rows = flat_parent_rows(gather_beams(parents, keep))  # [N]
         return rows if self.active is None else self._remove_done(rows)
 
@@ -179,8 +182,9 @@ class BeamSearch(PoolSearch):
         self.live = candidates.replace(scores=live_scores).gather(keep)
         return keep
 
-    def _update_finished(self, candidates: Hypotheses) -> None:
-        """Merge candidates that just stopped (among the first K) into the finished pool."""
+    def _update_finished(self, candidates: Hypotheses) -> torch.Tensor:
+        """Merge candidates that just stopped (among the first K) into the finished pool; returns what was kept of
+        the old pool and the candidates, ``[B, K]`` positions in ``[K + C]``."""
         pool = self.finished
         just_finished = self.hits & self.top_k_mask[None, :]  # [B, C]
         generated = self.length + 1 - self.prompt_length
@@ -204,6 +208,7 @@ class BeamSearch(PoolSearch):
         merged_scores = torch.cat((pool.scores, penalised), dim=1)  # [B, K + C]
         keep = torch.topk(self._pool_order(merged_scores, candidates), k=self.rows_per_example)[1]  # [B, K]
         self.finished = pool.merge(candidates.replace(scores=penalised, finished=just_finished, reasons=reasons), keep)
+        return keep
 
     def _update_can_improve(self) -> None:
         """Whether the best live beam could still beat the worst finished one (HF's heuristic).

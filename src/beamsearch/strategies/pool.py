@@ -189,6 +189,7 @@ class PoolSearch:
     """
 
     live: Hypotheses
+    recorder: Any = None  # a trace.TraceRecorder while tracing (beam search calls it once per step)
 
     def __init__(self, input_ids: torch.Tensor, rows_per_example: int, max_length: int, processors: Any,
                  criteria: Any, trace: Any):
