@@ -521,7 +521,7 @@ def test_constraint_flag(g2p, tmp_path, capsys):
 
 def test_unique_flag_keys_hypotheses_by_text(g2p, tmp_path, capsys):
     from beamsearch.adapters.hf import search_model
-    from beamsearch.cli.main import text_key
+    from beamsearch.cli.decoding import text_key
 
     model, tok = g2p
     key = text_key(tok)

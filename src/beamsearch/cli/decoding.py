@@ -15,6 +15,7 @@ import torch
 
 from ..adapters.hf import search_model
 from ..errors import SearchError
+from .flags import generation_options
 from .inputs import CLIError, Line
 from .outputs import is_unfinished
 
@@ -284,3 +285,63 @@ def add_ensemble(m: Model, args: argparse.Namespace) -> None:
                            "one vocabulary)")
         m.ensemble.append(other.model)
     m.ensemble_mode = args.ensemble_mode
+
+
+def prepare_decode(args: argparse.Namespace) -> tuple[Model, dict[str, Any], int | None]:
+    """What ``decode`` needs before its first line: the model (with its ensemble), the search options and the input
+    length limit (the single process and each ``--ray`` worker prepare them here alike)."""
+    eager = args.coverage_penalty not in (None, "none") or args.alignments or args.replace_unk
+    m = load_model(args.model, args.device, args.lowercase, eager_attention=eager, int8=args.int8)
+    add_ensemble(m, args)
+    m.unfinished_last = args.unfinished == "last"
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    return m, decode_options(args, m), input_limit(args, m)
+
+
+def decode_options(args: argparse.Namespace, m: Any) -> dict[str, Any]:
+    """The search options of ``decode``: the generation flags and the output-shaping ones."""
+    options = generation_options(args)
+    if args.alignments:
+        if args.format != "jsonl":
+            raise CLIError("--alignments needs --format jsonl (each hypothesis gets an 'alignment' field)")
+        options["output_alignments"] = True
+    if args.replace_unk:
+        if m.tokenizer.unk_token is None:
+            raise CLIError("--replace-unk: the model's tokenizer has no unknown token")
+        options["output_alignments"] = True
+    m.replace_unk, m.keep_alignments = args.replace_unk, args.alignments
+    if args.unique:
+        options["unique"] = text_key(m.tokenizer)
+    if args.constraint:
+        options["force_words_ids"] = [constraint_ids(m.tokenizer, text) for text in args.constraint]
+    if args.prefix is not None:
+        prefix = m.tokenizer(args.prefix, add_special_tokens=False)["input_ids"]
+        if not prefix:
+            raise CLIError(f"--prefix {args.prefix!r}: no tokens")
+        options["target_prefix"] = prefix  # decode_batch gives it to every input
+        if args.prefix_bias_beta is not None:
+            options["prefix_bias_beta"] = args.prefix_bias_beta
+    elif args.prefix_bias_beta is not None:
+        raise CLIError("--prefix-bias-beta needs --prefix")
+    return options
+
+
+def text_key(tokenizer: Any) -> Any:
+    """``--unique``: a hypothesis' key is its text."""
+
+    def key(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+    return key
+
+
+def constraint_ids(tokenizer: Any, text: str) -> list[list[int]]:
+    """``--constraint 'AH0|UW1 T'``: its alternative phrases as token ids."""
+    phrases = []
+    for alternative in text.split("|"):
+        ids = tokenizer(alternative.strip(), add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise CLIError(f"--constraint {text!r}: {alternative!r} has no tokens")
+        phrases.append(ids)
+    return phrases
