@@ -55,7 +55,7 @@ GENERATION_FLAGS: dict[str, tuple[str, Any, str, str]] = {
 
 # parsed arguments that cannot change an output (left out of --resume's fingerprint)
 NOT_IN_FINGERPRINT = ("files", "output", "resume", "overwrite", "quiet", "batch_size", "batch_type", "chunk_size",
-                      "threads", "device", "debug", "max_rows")
+                      "threads", "device", "debug", "max_rows", "ray", "ray_address", "num_workers")
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -166,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     g["performance"].add_argument("--chunk-size", type=int, default=10000, help="lines read and sorted by length "
                                   "at a time")
     io.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    perf = g["performance"]
+    perf.add_argument("--ray", action="store_true", help="decode on a Ray cluster, --chunk-size lines per block, "
+                      "each block resumable (needs --output and beamsearch[ray]; see docs/ray.md)")
+    perf.add_argument("--ray-address", metavar="ADDR", help="with --ray: the cluster to join (the address 'ray start "
+                      "--head' prints, or auto; default: a local Ray instance)")
+    perf.add_argument("--num-workers", type=int, metavar="N", help="with --ray: workers, each loading the model "
+                      "once (default: one per free CPU, or per GPU)")
     io.add_argument("--alignments", action="store_true",
                     help="jsonl: each token's attention over the source tokens (encoder-decoder models)")
     g[SEARCH].add_argument("--unique", action="store_true",
@@ -200,11 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(args: argparse.Namespace) -> None:
     positive = ("batch_size", "chunk_size", "threads", "max_rows", "max_input_length", "num_beams",
-                "num_return_sequences", "limit")
+                "num_return_sequences", "limit", "num_workers")
     for name in positive:
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    for name in ("ray_address", "num_workers"):
+        if getattr(args, name, None) is not None and not args.ray:
+            raise CLIError(f"--{name.replace('_', '-')} needs --ray")
 
 
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:
