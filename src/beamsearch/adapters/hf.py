@@ -18,6 +18,7 @@ from ..errors import SearchError
 from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
 from ..streaming import streamer_listener
+from .fast_t5 import fast_encoder
 from .hf_inputs import REJECTED_ARGUMENTS, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
@@ -97,7 +98,8 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
             raise ValueError("exact_parity=True keeps every row to the end: it cannot be combined with "
                              "remove_finished=True")
         toolkit["remove_finished"] = False
-    setup = prepare(model, inputs, generation_config, kwargs)
+    encode = fast_encoder(model) if lean["lean_step"] == "fast" else None
+    setup = prepare(model, inputs, generation_config, kwargs, encode=encode)
     config = setup["generation_config"]
     options = options_from_config(config, toolkit, setup["has_default_max_length"])
     needs_attention = options.coverage_penalty != "none" or search_arguments["output_alignments"]

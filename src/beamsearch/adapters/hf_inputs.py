@@ -42,8 +42,12 @@ REJECTED_ARGUMENTS = (
 
 
 
-def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Everything ``model.generate`` does before its decoding loop, except expanding to beams."""
+def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, Any],
+            encode: Any = None) -> dict[str, Any]:
+    """Everything ``model.generate`` does before its decoding loop, except expanding to beams.
+
+    ``encode(input_ids, attention_mask)``: the encoder's last hidden state ``[B, S, D]`` computed another way
+    (``lean_step="fast"``), instead of the model's encoder; called only where generate would run the encoder."""
     has_default_max_length = (
         kwargs.get("max_length") is None
         and (generation_config is None or generation_config.max_length is None)
@@ -81,6 +85,11 @@ def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, A
     if not is_encoder_decoder and "attention_mask" in forward_args and (model_kwargs["attention_mask"] == 1).all():
         config._mask_length = model_kwargs["attention_mask"].shape[1]
         model_kwargs["attention_mask"] = None
+    if model_kwargs.get("encoder_outputs") is None and encode is not None and _plain_encoder_call(model_kwargs):
+        from transformers.modeling_outputs import BaseModelOutput
+
+        hidden = encode(inputs_tensor, model_kwargs.get("attention_mask"))
+        model_kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
     if model_kwargs.get("encoder_outputs") is None:
         model_kwargs = model._maybe_prepare_encoder_kwargs_for_generation(
             inputs_tensor, model_kwargs, input_name, config
@@ -118,6 +127,17 @@ def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, A
         "encoder_input_ids": inputs_tensor if inputs_tensor.dim() == 2 and not (inputs_tensor < 0).any() else None,
         "has_default_max_length": has_default_max_length,
     }
+
+
+def _plain_encoder_call(model_kwargs: dict[str, Any]) -> bool:
+    """Whether the encoder would see nothing but the token ids and their padding mask (then ``encode`` may run
+    it); anything else for the encoder (embeddings, head masks, output requests) leaves it to the model."""
+    for name, value in model_kwargs.items():
+        if name.startswith("decoder_") or name in ("attention_mask", "use_cache", "past_key_values"):
+            continue
+        if value is not None and value is not False:
+            return False
+    return True
 
 
 def check_config(config: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .fast_t5 import FastT5State, fast_t5_reason
 from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
 from .hf_llama import LeanLlamaState, lean_llama_reason, lean_llama_step
 from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
@@ -111,13 +112,14 @@ hf_step.fresh_logits = True  # a copy of the model's output (see loop.decode)
 def model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False,
                 compile_step=False, exact_parity=False):
     """The step function and state: a lean step (T5, GPT-2, Llama) where one applies (``lean_step`` None or True),
-    else the generic one that calls ``model(...)``. ``share_encoder_state`` (lean T5 step only): an example's beams
+    else the generic one that calls ``model(...)``; ``lean_step="fast"``: the fast T5 step (packed weights, its own
+    attention; not bitwise, ``fast_t5.py``) or an error. ``share_encoder_state`` (lean T5 step only): an example's beams
     attend to its cross-attention keys and values in one kernel call (not bitwise). ``compile_step``: the lean
     step's decoder runs under ``torch.compile`` (``True``: dynamic shapes; ``"static"``: the fixed-shape step, the
     same shapes at every step). ``exact_parity``: the generic step on transformers' rows (prompt and cache on every
     beam's row, the whole cache reordered), so that each forward has the shapes of ``model.generate``'s."""
-    if lean_step is not None and not isinstance(lean_step, bool):
-        raise ValueError(f"lean_step must be None, True or False, got {lean_step!r}")
+    if lean_step is not None and not isinstance(lean_step, bool) and lean_step != "fast":
+        raise ValueError(f"lean_step must be None, True, False or 'fast', got {lean_step!r}")
     if not isinstance(share_encoder_state, bool):
         raise ValueError(f"share_encoder_state must be True or False, got {share_encoder_state!r}")
     if not isinstance(compile_step, bool) and compile_step != "static":
@@ -130,6 +132,8 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
                 raise ValueError(f"exact_parity=True runs the generic step as transformers does: it cannot be "
                                  f"combined with {name}={value!r}")
         lean_step = False
+    if lean_step == "fast":
+        return _fast_step(model, model_kwargs, options, needs_attention, share_encoder_state, compile_step)
     if lean_step is False:
         reason = "lean_step=False was given"
     else:
@@ -151,6 +155,23 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
     if needs_attention:
         request_cross_attention(model, state)
     return hf_step, state
+
+
+def _fast_step(model, model_kwargs, options, needs_attention, share_encoder_state, compile_step):
+    """The fast T5 step (``lean_step="fast"``), or an error naming why it cannot run this call."""
+    reason = lean_t5_reason(model, model_kwargs, needs_attention) or fast_t5_reason(model)
+    if reason is not None:
+        raise ValueError(f"lean_step='fast' cannot run this call: {reason}")
+    if share_encoder_state:
+        raise ValueError("lean_step='fast' already attends to an example's encoder state once for its K rows: "
+                         "leave share_encoder_state unset")
+    if compile_step == "static":
+        raise ValueError("lean_step='fast' has no fixed-shape variant: use compile_step=True or False")
+    encoded = model_kwargs["encoder_outputs"].last_hidden_state
+    state = FastT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length)
+    if compile_step:
+        state.decode = torch.compile(state.decode, dynamic=True, **compile_options())
+    return lean_t5_step, state
 
 
 def _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state, fixed_shape=False):

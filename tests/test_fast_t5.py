@@ -1,0 +1,216 @@
+"""The fast T5 step (``lean_step="fast"``, ``adapters/fast_t5.py``): the same model computed in another order,
+so its logits and encoder output equal the lean step's and transformers' to float rounding (never bitwise: other
+kernels), its searches equal on the embedded G2P model's words, its int8 variant agrees, and it refuses clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from beamsearch.adapters import fast_t5
+from beamsearch.adapters.hf import search_model
+from beamsearch.adapters.hf_t5 import LeanT5State
+from beamsearch.adapters.lean_cache import TimeMajorCache
+from beamsearch.quantize import quantize_int8
+
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+G2P = ROOT / "src" / "beamsearch" / "models" / "g2p_cmudict"
+WORDS = ROOT / "src" / "beamsearch" / "data" / "cmudict" / "test.tsv"
+VOCAB = 48
+
+
+def t5(gated: bool, tied: bool, seed: int = 0, model_type: str = "t5"):
+    config_class = transformers.MT5Config if model_type == "mt5" else transformers.T5Config
+    model_class = transformers.MT5ForConditionalGeneration if model_type == "mt5" else \
+        transformers.T5ForConditionalGeneration
+    config = config_class(vocab_size=VOCAB, d_model=24, d_kv=8, d_ff=40, num_layers=2, num_decoder_layers=2,
+                          num_heads=3, feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=tied,
+                          relative_attention_num_buckets=8, relative_attention_max_distance=12, pad_token_id=0,
+                          eos_token_id=1, decoder_start_token_id=0)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.4)
+    return model
+
+
+def padded_inputs(batch: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (batch, 9), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch):
+        cut = int(torch.randint(0, 6, (1,), generator=generator))
+        if cut:
+            mask[row, -cut:] = 0
+            ids[row, -cut:] = 0
+    return ids, mask
+
+
+MODELS = [(False, False, "t5"), (True, False, "t5"), (False, True, "t5"), (True, True, "mt5")]
+
+
+@pytest.mark.parametrize(("gated", "tied", "model_type"), MODELS)
+def test_encoder_equals_the_models_encoder(gated, tied, model_type):
+    model = t5(gated, tied, model_type=model_type)
+    ids, mask = padded_inputs(5, seed=1)
+    with torch.no_grad():
+        expected = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = fast_t5.fast_t5_encode(model, ids, mask)
+    kept = mask.bool()
+    torch.testing.assert_close(got[kept], expected[kept], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("gated", "tied", "model_type"), MODELS)
+@pytest.mark.parametrize("beams", [1, 3])
+def test_each_step_equals_the_lean_step(gated, tied, model_type, beams):
+    """Both states fed the same tokens, step by step, with rows expanded to beams and reordered between steps:
+    the logits agree to float rounding at every step."""
+    model = t5(gated, tied, model_type=model_type)
+    ids, mask = padded_inputs(4, seed=2)
+    with torch.no_grad():
+        encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        lean = LeanT5State(model, encoded, mask, max_length=12)
+        fast = fast_t5.FastT5State(model, encoded, mask, max_length=12)
+        expansion = torch.arange(4).repeat_interleave(beams)
+        generator = torch.Generator().manual_seed(3)
+        tokens = torch.zeros(4 * beams, 1, dtype=torch.long)
+        for state in (lean, fast):
+            state.reorder(expansion)
+        for step in range(10):
+            expected = lean.prefill(tokens) if step == 0 else lean.forward(tokens[:, -1])
+            got = fast.prefill(tokens) if step == 0 else fast.forward(tokens[:, -1])
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+            # a beam reorder within each example, then the next tokens
+            parents = torch.randint(beams, (4, beams), generator=generator) + torch.arange(4)[:, None] * beams
+            for state in (lean, fast):
+                state.reorder(parents.view(-1))
+            tokens = torch.cat([tokens.index_select(0, parents.view(-1)),
+                                torch.randint(2, VOCAB, (4 * beams, 1), generator=generator)], dim=1)
+
+
+def test_examples_leaving_keep_the_others_right():
+    """Whole examples leave the batch (the engine's compaction): the cross state and the cache follow."""
+    model = t5(False, False)
+    ids, mask = padded_inputs(4, seed=4)
+    with torch.no_grad():
+        encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        states = [LeanT5State(model, encoded, mask, 8), fast_t5.FastT5State(model, encoded, mask, 8)]
+        tokens = torch.zeros(8, 1, dtype=torch.long)
+        for state in states:
+            state.reorder(torch.arange(4).repeat_interleave(2))
+            state.prefill(tokens)
+            state.forward(torch.full((8,), 5))
+            state.reorder(torch.tensor([6, 7, 2, 3]))  # examples 3 and 1 stay, in that order
+        expected, got = (state.forward(torch.tensor([7, 8, 9, 10])) for state in states)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_cache_capacity_grows_past_max_length():
+    model = t5(False, False)
+    ids, mask = padded_inputs(2, seed=5)
+    with torch.no_grad():
+        encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        states = [LeanT5State(model, encoded, mask, 2), fast_t5.FastT5State(model, encoded, mask, 2)]
+        for state in states:
+            state.prefill(torch.zeros(2, 1, dtype=torch.long))
+        for token in range(2, 7):  # past the capacity of 2: the cache and the bias table grow
+            expected, got = (state.forward(torch.full((2,), token)) for state in states)
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        assert isinstance(states[1].cache, TimeMajorCache) and states[1].cache.capacity >= 7
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_search_equals_generate_on_random_models(beams):
+    """Whole searches through the adapter (fast encoder and step) against transformers' generate: tokens equal
+    (these random models have no candidates within float rounding of each other), beam scores to 1e-4."""
+    for seed in range(6):
+        model = t5(seed % 2 == 1, seed % 3 == 0, seed=seed)
+        ids, mask = padded_inputs(3, seed=seed)
+        kwargs = {"num_beams": beams, "max_new_tokens": 8, "do_sample": False, "num_return_sequences": 1}
+        with torch.no_grad():
+            expected = model.generate(input_ids=ids, attention_mask=mask, **kwargs, return_dict_in_generate=True,
+                                      output_scores=True)
+            got = search_model(model, input_ids=ids, attention_mask=mask, lean_step="fast", **kwargs)
+        length = expected.sequences.shape[1]
+        assert torch.equal(got.sequences[:, 0, :length], expected.sequences)
+        if beams > 1:
+            torch.testing.assert_close(got.sequences_scores[:, 0], expected.sequences_scores, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def g2p():
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(G2P).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(G2P)
+    lines = WORDS.read_text(encoding="utf-8").splitlines()
+    words = sorted((line.split("\t")[0].lower() for line in lines[:256] if line), key=len)
+    return model, tokenizer, words
+
+
+def _best(model, tokenizer, words, **kwargs):
+    outputs = []
+    for start in range(0, len(words), 64):
+        batch = tokenizer(words[start : start + 64], return_tensors="pt", padding=True)
+        result = search_model(model, **batch, **kwargs)
+        outputs += [tokenizer.decode(row[0], skip_special_tokens=True) for row in result.sequences]
+    return outputs
+
+
+@pytest.mark.parametrize("beams", [1, 5])
+def test_g2p_words_equal_the_default_step(g2p, beams):
+    """The embedded model on 256 test words: the fast step's best output equals the default step's on at least
+    99% of words (issue 21's bar; on this machine all of them)."""
+    model, tokenizer, words = g2p
+    expected = _best(model, tokenizer, words, num_beams=beams)
+    got = _best(model, tokenizer, words, num_beams=beams, lean_step="fast")
+    same = sum(a == b for a, b in zip(expected, got, strict=True))
+    assert same >= 0.99 * len(words), f"{len(words) - same} of {len(words)} words differ"
+
+
+def test_g2p_int8_agrees_with_the_int8_lean_step(g2p):
+    """int8: the fast step requantizes its folded, stacked weights per output row, the lean step runs the
+    quantized model's per-tensor layers: both are int8 approximations of the same model, so they agree on most
+    words, not all (the WER of each is measured by benchmarks/g2p_speed.py)."""
+    model, tokenizer, words = g2p
+    quantized = quantize_int8(model)
+    expected = _best(quantized, tokenizer, words, num_beams=1)
+    got = _best(quantized, tokenizer, words, num_beams=1, lean_step="fast")
+    same = sum(a == b for a, b in zip(expected, got, strict=True))
+    assert same >= 0.9 * len(words), f"{len(words) - same} of {len(words)} words differ"
+    assert fast_t5.fast_weights(quantized).decoder_layers[0]["qkv"].int8
+
+
+def test_packed_weights_follow_parameter_updates():
+    model = t5(False, False)
+    ids, mask = padded_inputs(2, seed=6)
+    with torch.no_grad():
+        before = fast_t5.fast_t5_encode(model, ids, mask)
+        assert fast_t5.fast_weights(model) is fast_t5.fast_weights(model)  # packed once
+        model.encoder.block[0].layer[1].DenseReluDense.wo.weight.mul_(2.0)  # an in-place update
+        after = fast_t5.fast_t5_encode(model, ids, mask)
+        expected = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    kept = mask.bool()
+    assert not torch.allclose(before[kept], after[kept])
+    torch.testing.assert_close(after[kept], expected[kept], rtol=1e-4, atol=1e-4)
+
+
+def test_refusals_name_the_reason():
+    model = t5(False, False)
+    ids, mask = padded_inputs(2, seed=7)
+    with pytest.raises(ValueError, match="lean_step must be None, True, False or 'fast', got 'fastest'"):
+        search_model(model, input_ids=ids, attention_mask=mask, lean_step="fastest")
+    with pytest.raises(ValueError, match="leave share_encoder_state unset"):
+        search_model(model, input_ids=ids, attention_mask=mask, lean_step="fast", share_encoder_state=True)
+    with pytest.raises(ValueError, match="no fixed-shape variant"):
+        search_model(model, input_ids=ids, attention_mask=mask, lean_step="fast", compile_step="static")
+    with pytest.raises(ValueError, match="exact_parity=True runs the generic step"):
+        search_model(model, input_ids=ids, attention_mask=mask, lean_step="fast", exact_parity=True)
+    with pytest.raises(ValueError, match="lean_step='fast' cannot run this call: the model's dtype is torch.float16"):
+        search_model(t5(False, False).half(), input_ids=ids, attention_mask=mask, lean_step="fast")
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="lean_step='fast' cannot run this call: model_type 'gpt2' is not T5"):
+        search_model(gpt2.eval(), input_ids=ids, max_new_tokens=2, lean_step="fast")
