@@ -92,6 +92,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     if kwargs.pop("trust_remote_code", None):
         raise ValueError("beamsearch never enables trust_remote_code")
     search_arguments, lean, toolkit = pop_search_arguments(kwargs)
+    search_arguments["trace"] = kwargs.pop("trace", False)  # the search trace (beamsearch.trace), beam search only
     exact = lean["exact_parity"]
     if exact:
         if toolkit.get("remove_finished"):
@@ -126,7 +127,8 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     if options.exact_search and search_arguments.get("incumbent") is None:
         # exact search starts from the best of a search with the same options (num_beams as given), its threshold
         beam = dataclasses.replace(options, exact_search=False, max_nodes=MAX_NODES)
-        search_arguments["incumbent"] = run(beam, {**search_arguments, "incumbent": None, "stream_to": None})
+        search_arguments["incumbent"] = run(beam, {**search_arguments, "incumbent": None, "stream_to": None,
+                                                       "trace": False})
     result = run(options, search_arguments)
     if streamer is not None:
         streamer.end()
