@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     g["performance"].add_argument("--chunk-size", type=int, default=10000, help="lines read and sorted by length "
                                   "at a time")
     io.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    io.add_argument("--stream", action="store_true", help="interactive: decode one input at a time and print its "
+                    "best output as it becomes final (beam search included; text to stdout)")
     perf = g["performance"]
     perf.add_argument("--ray", action="store_true", help="decode on a Ray cluster, --chunk-size lines per block, "
                       "each block resumable (needs --output and beamsearch[ray]; see docs/ray.md)")
@@ -202,12 +204,28 @@ def build_parser() -> argparse.ArgumentParser:
     generation_args(g, skip=("--num-beams",))
     g["input/output"].add_argument("--limit", type=int, help="only the first N examples")
     g["input/output"].add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    tr = sub.add_parser("trace", help="draw the beam search tree of one input (HTML) and write its trace (JSON)",
+                        formatter_class=HelpFormatter, description="Decode one input with beam search (default "
+                        f"{DEFAULT_TRACE_BEAMS} beams) and record every step's candidates: kept, finished or dropped, "
+                        "and why. Prints the best output.")
+    g = groups(tr)
+    g["input/output"].add_argument("text", help="the input, e.g. a word for the embedded G2P model")
+    g["input/output"].add_argument("--html", metavar="PATH", help="write the search tree here (one self-contained "
+                                   "page)")
+    g["input/output"].add_argument("--json", metavar="PATH", help="write the trace here (schema beamsearch.trace/1)")
+    g["input/output"].add_argument("--max-steps", type=int, default=256, help="record at most this many steps")
+    model_args(g)
+    generation_args(g)
     return ap
+
+
+DEFAULT_TRACE_BEAMS = 4  # trace's --num-beams when not given (the embedded model's own default is greedy)
 
 
 def validate(args: argparse.Namespace) -> None:
     positive = ("batch_size", "chunk_size", "threads", "max_rows", "max_input_length", "num_beams",
-                "num_return_sequences", "limit", "num_workers")
+                "num_return_sequences", "limit", "num_workers", "max_steps")
     for name in positive:
         value = getattr(args, name, None)
         if value is not None and value < 1:

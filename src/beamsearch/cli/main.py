@@ -1,4 +1,5 @@
-"""The ``beamsearch`` command line: ``decode`` files with a model, ``eval`` greedy against beam search.
+"""The ``beamsearch`` command line: ``decode`` files with a model, ``eval`` greedy against beam search, ``trace`` one
+input's search tree.
 
 beamsearch decode words.txt --num-beams 5 --num-return-sequences 3 --format tsv
 beamsearch eval --beams 1 5
@@ -26,6 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         if args.command == "decode":
             return run_decode(args)
+        if args.command == "trace":
+            from .trace import run_trace
+
+            return run_trace(args)
         from .evaluate import run_eval
 
         return run_eval(args)
@@ -53,6 +58,10 @@ def run_decode(args: argparse.Namespace) -> int:
         from ..ray import decode_files
 
         return decode_files(args)
+    if args.stream:  # one input at a time, printed as it becomes final
+        from .trace import run_stream
+
+        return run_stream(args)
     check_readable(args.files)
     if args.resume and (not args.files or "-" in args.files):
         raise CLIError("--resume needs input files: stdin cannot be checked against the interrupted run")
