@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -53,10 +54,10 @@ class SearchTrace:
     """A recorded search, JSON-ready: ``examples[e]["nodes"]`` is the tree of example e (see docs/seeing.md).
 
     Each node is a dict: ``id`` (its index), ``parent`` (None for the root), ``step`` (-1 for the root, which holds
-    the start tokens), ``token``, ``text`` (after :meth:`label`), ``log_prob``, ``total`` (the beam's total with it),
-    ``score`` (the finished score, for finished nodes), ``status`` (``root``, ``kept``, ``finished``, ``dropped``,
-    ``masked``), ``reason`` (why, in words), ``best`` (the rank in the returned n-best of the hypothesis it is on,
-    or None).
+    the start tokens in ``tokens``), ``token``, ``text`` (after :meth:`label`), ``log_prob``, ``total`` (the beam's
+    total with it), ``score`` (the finished score, for finished nodes; these three are None where -inf or unknown),
+    ``status`` (``root``, ``kept``, ``finished``, ``dropped``, ``masked``), ``reason`` (why, in words), ``best``
+    (the rank in the returned n-best of the hypothesis it is on, or None).
     """
 
     num_beams: int
@@ -82,7 +83,7 @@ class SearchTrace:
         return dataclasses.asdict(self)
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> SearchTrace:
@@ -194,6 +195,10 @@ def _example_tree(example: int, prompt: list[int], steps: list[dict[str, Any]], 
             if record["kept_beam"][row][c] >= 0:
                 beam_node[record["kept_beam"][row][c]] = node["id"]
     _mark_best(nodes, returned)
+    for node in nodes:  # strict JSON has no infinities: a masked (-inf) number is null
+        for name in ("log_prob", "total", "score"):
+            if node[name] is not None and not math.isfinite(node[name]):
+                node[name] = None
     return dict(example=example, prompt=prompt, nodes=nodes)
 
 
