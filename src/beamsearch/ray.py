@@ -41,7 +41,8 @@ def decode_dataset(dataset: Any, model: str | None = None, *, num_workers: int =
         dataset: a ``ray.data.Dataset`` with a ``text`` column (e.g. ``ray.data.read_text``), and optionally
             ``index`` (the record number that ``tsv`` and ``jsonl`` records carry; 0 when absent) and ``source``.
         model: a local Hugging Face model directory (default: the embedded G2P model).
-        num_workers: actors in the pool. Each declares ``threads`` CPUs (default 1) and ``num_gpus`` GPUs.
+        num_workers: actors in the pool. Each declares ``threads`` CPUs (default 1: torch runs on as many threads
+            there) and ``num_gpus`` GPUs.
         num_gpus: GPUs per worker (give ``device="cuda"`` with it).
         **options: ``beamsearch decode``'s flags, underscored: ``num_beams=5``, ``format="tsv"``,
             ``batch_size=64``, ``chunk_size=10000`` (the lines one worker decodes together), ...
@@ -56,9 +57,10 @@ def decode_dataset(dataset: Any, model: str | None = None, *, num_workers: int =
         args = decode_args(model, options)
     except CLIError as e:
         raise ValueError(str(e)) from None
+    args.threads = args.threads or 1
     return dataset.map_batches(
         LineDecoder, fn_constructor_kwargs={"args": args}, batch_size=args.chunk_size,
-        compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=args.threads or 1, num_gpus=num_gpus)
+        compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=args.threads, num_gpus=num_gpus)
 
 
 
@@ -157,9 +159,10 @@ def decode_blocks(args: argparse.Namespace, store: BlockStore, pending: list[Blo
 
 
 def worker_resources(args: argparse.Namespace, ray: Any) -> tuple[float, float]:
-    """CPUs and GPUs one worker declares: ``--threads`` CPUs (default 1), and one GPU for ``--device cuda``
+    """CPUs and GPUs one worker declares: ``--threads`` CPUs (default 1; the worker runs torch on as many threads),
+    and one GPU for ``--device cuda``
     (or ``auto`` on a cluster with GPUs), where the worker sees its GPU as ``cuda``."""
-    cpus = args.threads or 1
+    cpus = args.threads = args.threads or 1  # torch's threads in the worker: sums split alike round alike
     if args.device.startswith("cuda"):
         args.device = "cuda"
         return cpus, 1
@@ -175,10 +178,10 @@ def connect(address: str | None) -> Any:
         ray = require_ray()
     except ImportError:
         raise CLIError(f"--ray needs Ray: {INSTALL}") from None
-    if ray.is_initialized():
-        return ray
     if address not in (None, "auto"):
         check_reachable(address)
+    if ray.is_initialized():
+        return ray
     try:
         ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=True)
     except (ConnectionError, ValueError, RuntimeError) as e:

@@ -1,0 +1,207 @@
+"""beamsearch.ray on a local Ray instance (2 CPUs, started once for the module).
+
+``decode --ray`` must write the bytes the single-process ``decode`` writes (tsv and jsonl, greedy and beam 5), also
+when a worker dies halfway through a block and when an interrupted run is resumed from its manifest; bad input
+gets one line naming the problem, and loses nothing. The inputs are small (23 lines in blocks of 8) so that the
+module takes well under a minute of decoding; most of its time is Ray starting workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="beamsearch.ray needs Ray: pip install 'beamsearch[ray]' (make test does)")
+pytest.importorskip("ray.data", reason="beamsearch.ray needs Ray Data: pip install 'beamsearch[ray]'")
+pytest.importorskip("transformers", reason="the embedded model needs transformers")
+
+from beamsearch.cli.evaluate import CMUDICT_TEST  # noqa: E402
+from beamsearch.cli.flags import build_parser, validate  # noqa: E402
+from beamsearch.cli.inputs import CLIError  # noqa: E402
+from beamsearch.cli.main import main  # noqa: E402
+from beamsearch.distributed.blocks import BlockStore  # noqa: E402
+from beamsearch.ray import check_reachable, decode_dataset, decode_files  # noqa: E402
+
+LAYOUT = ["--chunk-size", "8", "--batch-size", "3"]  # 23 lines: blocks of 8, 8 and 7 lines, model batches of 3
+# The same --threads in both runs: torch's matrix products split their sums by thread, so the last bit of a score
+# can depend on the thread count (1 and 2 threads print a different 6th decimal for one of these words).
+CASES = {
+    "tsv-greedy": ["--format", "tsv", "--num-beams", "1", "--threads", "1"],
+    "tsv-beam5": ["--format", "tsv", "--num-beams", "5", "--num-return-sequences", "3", "--threads", "1"],
+    "jsonl-greedy": ["--format", "jsonl", "--num-beams", "1", "--threads", "1"],
+    "jsonl-beam5": ["--format", "jsonl", "--num-beams", "5", "--num-return-sequences", "2", "--threads", "1"],
+    "tsv-greedy-2-threads": ["--format", "tsv", "--num-beams", "1", "--threads", "2"],  # one worker of 2 CPUs
+}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    if ray.is_initialized():  # e.g. left by another module
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory) -> Path:
+    """22 CMUdict test words and an empty line (line 5), in one file."""
+    listed = [line.split("\t")[0] for line in CMUDICT_TEST.read_text(encoding="utf-8").splitlines()[:22]]
+    path = tmp_path_factory.mktemp("inputs") / "words.txt"
+    path.write_text("\n".join(listed[:4] + [""] + listed[4:]) + "\n", encoding="utf-8")
+    return path
+
+
+def single_process(words: Path, folder: Path, flags: list[str], layout: list[str] = LAYOUT) -> bytes:
+    """The single-process ``decode`` output for ``flags`` (cached per flags: each is decoded once)."""
+    out = folder / ("single-" + "-".join(flags + layout).replace("--", "") + ".out")
+    if not out.exists():
+        assert main(["decode", str(words), *flags, *layout, "-q", "-o", str(out)]) == 0
+    return out.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def reference_folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("single")
+
+
+def parsed(argv: list[str]):
+    args = build_parser().parse_args(argv)
+    validate(args)
+    return args
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ray_output_equals_the_single_process_output(local_ray, words, reference_folder, tmp_path, case):
+    want = single_process(words, reference_folder, CASES[case])
+    out = tmp_path / "ray.out"
+    workers = "1" if "2-threads" in case else "2"
+    argv = ["decode", str(words), *CASES[case], *LAYOUT, "-q", "-o", str(out), "--ray", "--num-workers", workers]
+    assert main(argv) == 0
+    assert out.read_bytes() == want
+    assert len(want.splitlines()) >= 23
+    assert not (tmp_path / "ray.out.blocks").exists()  # removed once the output is complete
+
+
+def test_a_worker_killed_mid_block_is_restarted_and_its_block_redone(local_ray, words, reference_folder, tmp_path):
+    flags = CASES["jsonl-beam5"]
+    want = single_process(words, reference_folder, flags)
+    out, marker = tmp_path / "ray.jsonl", tmp_path / "killed"
+    args = parsed(["decode", str(words), *flags, *LAYOUT, "-q", "-o", str(out), "--ray", "--num-workers", "2"])
+    assert decode_files(args, kill=(1, str(marker))) == 0
+    assert marker.exists()  # the worker decoding block 1 did end its process, after 5 of the block's 8 lines
+    got = out.read_bytes()
+    assert [json.loads(line)["index"] for line in got.splitlines()] == list(range(1, 24))  # none lost, none twice
+    assert got == want
+
+
+def test_an_interrupted_run_resumes_from_its_manifest(local_ray, words, reference_folder, tmp_path, monkeypatch,
+                                                      capsys):
+    flags = CASES["tsv-beam5"]
+    want = single_process(words, reference_folder, flags)
+    out = tmp_path / "ray.tsv"
+    argv = ["decode", str(words), *flags, *LAYOUT, "-q", "-o", str(out), "--ray", "--num-workers", "2"]
+    save = BlockStore.save
+
+    def interrupted_after_one(store, number, text, lines):  # the driver is stopped (Ctrl-C) after one block
+        save(store, number, text, lines)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BlockStore, "save", interrupted_after_one)
+    assert main(argv) == 130
+    monkeypatch.setattr(BlockStore, "save", save)
+    assert "continue with --resume" in capsys.readouterr().err
+    folder = tmp_path / "ray.tsv.blocks"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    [first] = [int(n) for n in manifest["blocks"]]
+    assert (folder / manifest["blocks"][str(first)]["file"]).is_file() and not out.exists()
+
+    assert main(argv) == 2  # neither --resume nor --overwrite
+    assert "left ray.tsv.blocks/; continue it with --resume" in capsys.readouterr().err
+    for changed, name in ((["--num-beams", "4"], "--num-beams 5 -> 4"), (["--chunk-size", "9"], "--chunk-size 8 -> 9")):
+        assert main([*argv, "--resume", *changed]) == 2
+        assert name in capsys.readouterr().err
+
+    saved = []
+
+    def recorded(store, number, text, lines):
+        saved.append(number)
+        save(store, number, text, lines)
+
+    monkeypatch.setattr(BlockStore, "save", recorded)
+    assert main([*argv, "--resume"]) == 0
+    assert "1 of 3 blocks were finished before; decoding the other 2" in capsys.readouterr().err
+    assert sorted(saved) == sorted({0, 1, 2} - {first})  # the finished block was not decoded again
+    assert out.read_bytes() == want
+    assert not folder.exists()
+    assert main([*argv, "--resume"]) == 0
+    assert "is complete" in capsys.readouterr().err
+
+
+def test_decode_dataset_returns_the_records_of_the_command_line(local_ray, words, reference_folder):
+    texts = words.read_text(encoding="utf-8").splitlines()
+    dataset = ray.data.from_items([{"index": i, "text": t} for i, t in enumerate(texts, 1)])
+    flags = ["--format", "tsv", "--num-beams", "5", "--num-return-sequences", "3", "--threads", "1"]
+    # one chunk of all 23 lines, as Ray's one batch of 23 rows: the same model batches
+    want = single_process(words, reference_folder, flags, ["--chunk-size", "23", "--batch-size", "3"])
+    rows = decode_dataset(dataset, num_workers=1, num_beams=5, num_return_sequences=3, format="tsv",
+                          chunk_size=23, batch_size=3).sort("index").take_all()
+    assert [row["index"] for row in rows] == list(range(1, 24))
+    assert "".join(row["record"] for row in rows).encode() == want
+    assert [row["prediction"] for row in rows] == [row["record"].split("\t")[4] for row in rows]
+    with pytest.raises(TypeError, match="beams"):
+        decode_dataset(dataset, beams=5)
+    with pytest.raises(ValueError, match="--do-sample with --ray"):
+        decode_dataset(dataset, do_sample=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bad_input_is_one_line_and_loses_nothing(local_ray, words, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out.tsv"
+    out.write_text("an earlier output\n")
+    base = ["decode", str(words), "-q", "--ray", "-o", str(out), "--overwrite"]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"cat\n\xff\n")
+    cases = [
+        (["decode", str(words), "--ray"], "--ray needs --output FILE"),
+        (["decode", "-", "--ray", "-o", str(out)], "--ray needs input files"),
+        (["decode", str(tmp_path / "missing.txt"), "--ray", "-o", str(out)], "missing.txt: no such file"),
+        (["decode", str(words), "--num-workers", "2"], "--num-workers needs --ray"),
+        ([*base, "--do-sample"], "--do-sample with --ray"),
+        ([*base, "--ray-address", f"127.0.0.1:{free_port()}"], "nothing answers there"),
+        ([*base, "--ray-address", "head-node"], "expected HOST:PORT"),
+        (["decode", str(bad), "-q", "--ray", "-o", str(out), "--overwrite"], "bad.txt:2: invalid UTF-8"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (argv, err)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    assert main(base) == 2
+    assert "--ray needs Ray: pip install 'beamsearch[ray]'" in capsys.readouterr().err
+    assert out.read_text() == "an earlier output\n"  # untouched, and no block directory left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "out.tsv"]
+
+
+def test_check_reachable_fails_fast():
+    with pytest.raises(CLIError, match="nothing answers there"):
+        check_reachable(f"127.0.0.1:{free_port()}")
+
+
+def test_the_core_and_the_command_line_do_not_import_ray():
+    code = ("import sys, beamsearch, beamsearch.cli.main, beamsearch.cli.decoding; "
+            "sys.exit('ray' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
