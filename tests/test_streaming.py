@@ -130,3 +130,16 @@ def test_transformers_streamers_print_the_returned_text(name, num_beams, capsys)
         beamsearch.generate(model, input_ids=ids, attention_mask=mask, num_beams=num_beams, max_new_tokens=12,
                             streamer=transformers.TextStreamer(tokenizer, skip_prompt=True))
         assert capsys.readouterr().out == tokenizer.decode(out[0, start:]) + "\n"
+
+
+def test_decode_stream_prints_what_decode_prints(tmp_path, capsys):
+    from beamsearch.cli.main import main
+
+    words = tmp_path / "words.txt"
+    words.write_text("pneumonia\n\nriver\n")
+    assert main(["decode", "--num-beams", "4", "-q", str(words)]) == 0
+    batch = capsys.readouterr().out
+    assert main(["decode", "--stream", "--num-beams", "4", str(words)]) == 0
+    assert capsys.readouterr().out == batch
+    assert main(["decode", "--stream", "--format", "jsonl", str(words)]) == 2
+    assert "--stream" in capsys.readouterr().err

@@ -134,3 +134,27 @@ def test_the_page_holds_the_trace_and_no_network_address():
     assert 'data-example="1"' in page and "beamsearch.trace/1" in page
     with pytest.raises(ValueError, match="example 5"):
         render(trace, example=5)
+
+
+def test_the_trace_command_writes_the_trace_and_prints_the_best(tmp_path, capsys):
+    from beamsearch.cli.main import main
+
+    data, page = tmp_path / "trace.json", tmp_path / "tree.html"
+    assert main(["trace", "river", "--num-beams", "3", "--json", str(data), "--html", str(page)]) == 0
+    best = capsys.readouterr().out.strip()
+    trace = SearchTrace.from_json(data.read_text())
+    nodes = trace.examples[0]["nodes"]
+    end = next(n for n in nodes if n["best"] == 0 and n["status"] == "finished")
+    texts = [nodes[i]["text"] for i in _ancestry(nodes, end["id"])]
+    assert " ".join(t for t in texts if t != "</s>") == best and trace.num_beams == 3
+    assert page.read_text().count("data-drawn-nodes") == 0  # written by the page's script, in a browser
+    assert main(["trace", "river", "--num-beams", "1"]) == 2
+    assert "at least 2" in capsys.readouterr().err
+
+
+def _ancestry(nodes, node_id):
+    ids = []
+    while nodes[node_id]["parent"] is not None:
+        ids.append(node_id)
+        node_id = nodes[node_id]["parent"]
+    return ids[::-1]
