@@ -41,23 +41,40 @@ from .hf_t5 import LeanT5State, _output_scale
 
 
 class PackedLinear:
-    """``x @ W.T`` for a weight made here (folded, stacked), in float or dynamic int8 like the model's layers."""
+    """``x @ W.T`` for a weight made here (folded, stacked), in float or dynamic int8 like the model's layers.
+
+    float32 on the CPU: the weight is also reordered once into oneDNN's blocked layout, and products of 16 rows or
+    more run through oneDNN (25-30% faster than MKL's ``sgemm`` on this project's 2-core AMD machine at 64-900
+    rows, which re-packs the weight at every call; fewer rows stay with ``F.linear``, where it is faster)."""
+
+    ONEDNN_MIN_ROWS = 16
 
     def __init__(self, weight: torch.Tensor, int8: bool):
         self.int8 = int8
+        self.onednn = None
         if int8:  # per output row (folding a gain into a per-tensor int8 weight would widen its grid)
             scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
             zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
             quantized = torch.quantize_per_channel(weight.float().contiguous(), scales.double(), zero_points, 0,
                                                    torch.qint8)
             self.packed = torch.ops.quantized.linear_prepack(quantized, None)
-        else:
-            self.weight = weight.contiguous()
+            return
+        self.weight = weight.contiguous()
+        if self.weight.device.type == "cpu" and self.weight.dtype == torch.float32 and _onednn_available():
+            self.onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8:
             return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+        if self.onednn is not None and x.numel() >= self.ONEDNN_MIN_ROWS * x.shape[-1]:
+            return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, "none", [], "")
         return F.linear(x, self.weight)
+
+
+def _onednn_available() -> bool:
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    return bool(torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
+                and hasattr(mkldnn, "_linear_pointwise"))
 
 
 def _weight(linear: Any) -> tuple[torch.Tensor, bool]:
