@@ -143,3 +143,18 @@ def test_decode_stream_prints_what_decode_prints(tmp_path, capsys):
     assert capsys.readouterr().out == batch
     assert main(["decode", "--stream", "--format", "jsonl", str(words)]) == 2
     assert "--stream" in capsys.readouterr().err
+
+
+def test_the_stream_runs_under_the_callers_grad_mode():
+    modes = []
+
+    def step(tokens, state):
+        modes.append(torch.is_grad_enabled())
+        return PrefixModel(5).logits_for(tokens), state
+
+    with torch.no_grad():
+        stream = beamsearch.stream(step, torch.tensor([[1]]), num_beams=2, max_new_tokens=3, eos_token_id=None,
+                                   pad_token_id=0)
+    with torch.no_grad():
+        list(stream)
+    assert modes and not any(modes)

@@ -188,8 +188,11 @@ def stream(step: Any, input_ids: torch.Tensor, state: Any = None, *, provisional
     """
     from .engine import search
 
+    grad = torch.is_grad_enabled()  # per thread in torch: the search's thread takes the caller's
+
     def run(listener: Listener) -> Any:
-        return search(step, input_ids, state, stream_to=listener, provisional=provisional, **search_arguments)
+        with torch.set_grad_enabled(grad):
+            return search(step, input_ids, state, stream_to=listener, provisional=provisional, **search_arguments)
 
     return Stream(run)
 
