@@ -214,3 +214,32 @@ def test_refusals_name_the_reason():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2))
     with pytest.raises(ValueError, match="lean_step='fast' cannot run this call: model_type 'gpt2' is not T5"):
         search_model(gpt2.eval(), input_ids=ids, max_new_tokens=2, lean_step="fast")
+
+
+def test_cli_fast_flag(tmp_path, capsys):
+    """``decode --fast``: the embedded model's outputs equal the default step's on these words (scores to float
+    rounding); a model the fast step cannot run is refused with the reason, nothing written."""
+    import shutil
+
+    from beamsearch.cli import main
+
+    words = tmp_path / "words.txt"
+    words.write_text("hello\nbeam\nsearch\npronunciation\ninternationalization\ndog's\n", encoding="utf-8")
+    rows = {}
+    for name, extra in (("default", []), ("fast", ["--fast"])):
+        assert main(["decode", str(words), "--num-beams", "4", "--num-return-sequences", "2", "--format", "tsv",
+                     *extra]) == 0
+        rows[name] = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    for default, fast in zip(rows["default"], rows["fast"], strict=True):
+        assert default[:3] + default[4:] == fast[:3] + fast[4:]  # all but the score
+        assert abs(float(default[3]) - float(fast[3])) < 1e-4
+    folder = tmp_path / "lm"
+    config = transformers.GPT2Config(vocab_size=101, n_embd=16, n_layer=1, n_head=2, n_positions=32, eos_token_id=1,
+                                     pad_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(G2P / name, folder / name)
+    output = tmp_path / "out.tsv"
+    assert main(["decode", str(words), "--model", str(folder), "--fast", "--output", str(output)]) == 2
+    assert "lean_step='fast' cannot run this call: model_type 'gpt2' is not T5" in capsys.readouterr().err
+    assert not output.exists()

@@ -152,23 +152,25 @@ class FastT5Weights:
         self.encoder_epsilon = encoder.final_layer_norm.variance_epsilon
 
 
-_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _weights_key(model: Any) -> tuple:
-    """What the packed weights were made from: each parameter's identity and version (an in-place update, e.g. an
-    optimizer step, bumps the version), and the model's modules (quantize_int8 makes a new model anyway)."""
-    return tuple((id(p), p._version) for p in model.parameters())
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (parameters, versions, weights)
 
 
 def fast_weights(model: Any) -> FastT5Weights:
-    """The packed weights of ``model``, made on the first call and again after its parameters change."""
-    key = _weights_key(model)
+    """The packed weights of ``model``, made on the first call and again after any of its parameters is updated
+    in place (its version changes: an optimizer step, ``load_state_dict``). A parameter replaced by a new tensor
+    object is not seen: call :func:`forget_weights` after such surgery."""
     cached = _WEIGHTS.get(model)
-    if cached is None or cached[0] != key:
-        cached = (key, FastT5Weights(model))
-        _WEIGHTS[model] = cached
-    return cached[1]
+    if cached is not None and all(p._version == v for p, v in zip(cached[0], cached[1], strict=True)):
+        return cached[2]
+    parameters = list(model.parameters())
+    weights = FastT5Weights(model)
+    _WEIGHTS[model] = (parameters, [p._version for p in parameters], weights)
+    return weights
+
+
+def forget_weights(model: Any) -> None:
+    """Drop the packed weights of ``model`` (the next fast step packs them again)."""
+    _WEIGHTS.pop(model, None)
 
 
 def _norm(hidden: torch.Tensor, epsilon: float) -> torch.Tensor:

@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "tokens)")
         perf.add_argument("--batch-type", choices=("sentences", "tokens"), default="sentences")
         perf.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+        perf.add_argument("--fast", action="store_true", help="T5 models (the embedded one too): the fast step "
+                          "(packed weights, oneDNN products, its own attention; equal to float rounding, not "
+                          "bit for bit; lean_step='fast', docs/performance.md)")
         io.add_argument("--max-input-length", type=int, help="most input tokens, at most the model's limit "
                         "(default: the model's limit)")
         io.add_argument("--on-long", choices=("truncate", "skip", "error"), default="truncate",
@@ -239,4 +242,6 @@ def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     """The generation options given on the command line; the model's generation_config supplies the rest."""
     out = {kw: getattr(args, flag[2:].replace("-", "_"), None) for flag, (kw, *_) in GENERATION_FLAGS.items()}
     out["early_stopping"] = args.early_stopping
+    if getattr(args, "fast", False):
+        out["lean_step"] = "fast"
     return {k: v for k, v in out.items() if v is not None}
