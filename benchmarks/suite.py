@@ -53,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suite_engines as engines  # noqa: E402
 import suite_models as models  # noqa: E402
 
-ENGINES = ("hf", "ours", "ours-keep", "ours-generic", "ours-shared", "ours-compiled", "ours-static", "ours-int8",
+ENGINES = ("hf", "ours", "ours-fast", "ours-keep", "ours-generic", "ours-shared", "ours-compiled", "ours-static",
+           "ours-int8",
            "ct2-fp32",
            "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
@@ -134,6 +135,9 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     ours = engines.beamsearch_engine(workload, inputs, kwargs)
     row.steps = engines.count_forwards(workload.model, ours)  # also ours' warm-up
     row.timings["ours"] = timed(ours, warm=True)
+    if "ours-fast" in args.engines and workload.lean_t5:
+        fast = engines.beamsearch_engine(workload, inputs, dict(kwargs, lean_step="fast"))
+        row.timings["ours-fast"] = timed(fast)
     if "ours-keep" in args.engines:
         keep = engines.beamsearch_engine(workload, inputs, dict(kwargs, remove_finished=False))
         row.timings["ours-keep"] = timed(keep)
@@ -191,10 +195,12 @@ def _mem(timing: engines.Timing | None) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
+        " ours-fast s | HF/ours-fast | CT2/ours-fast | =HF ours-fast |"
         " keep/ours | generic/ours | shared/ours | compiled/ours | static/ours | CT2/ours | int8/ours | ours-int8 s |"
         " CT2 int8/ours-int8 | ours/floor | =HF ours | =HF CT2 | =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
         " peak MiB HF/ours/shared/CT2/int8/floor | ours tok/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|---:|---:|---:|"
         "---:|"
         "---|---:|",
     ]
@@ -211,7 +217,10 @@ def table(rows: list[Row]) -> list[str]:
         lines.append(
             f"| {r.model} | {search} | {r.batch} | {r.steps} | {_fmt_s(r.seconds('hf'))} | {_fmt_s(ours)} |"
             f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
-            f" {_ratio(r.seconds('hf'), ours)} | {_ratio(r.seconds('ours-keep'), ours)} |"
+            f" {_ratio(r.seconds('hf'), ours)} | {_fmt_s(r.seconds('ours-fast'))} |"
+            f" {_ratio(r.seconds('hf'), r.seconds('ours-fast'))} |"
+            f" {_ratio(r.seconds('ct2-fp32'), r.seconds('ours-fast'))} |"
+            f" {eq('ours-fast')} | {_ratio(r.seconds('ours-keep'), ours)} |"
             f" {_ratio(r.seconds('ours-generic'), ours)} | {_ratio(r.seconds('ours-shared'), ours)} |"
             f" {_ratio(r.seconds('ours-compiled'), ours)} | {_ratio(r.seconds('ours-static'), ours)} |"
             f" {_ratio(r.seconds('ct2-fp32'), ours)} |"
