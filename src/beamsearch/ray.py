@@ -12,6 +12,7 @@ import argparse
 import logging
 import socket
 import sys
+import time
 from typing import Any
 
 from .cli.inputs import CLIError, check_readable, scan_files
@@ -142,10 +143,11 @@ def decode_blocks(args: argparse.Namespace, store: BlockStore, pending: list[Blo
         compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=cpus, num_gpus=gpus)
     done = sum(entry["lines"] for entry in store.finished.values())
     bar = progress(total, args.quiet, initial=done)
-    warned = 0
+    warned, lines, busy, start = 0, 0, 0.0, time.perf_counter()
     try:
         for row in dataset.iter_rows():
             store.save(int(row["block"]), str(row["records"]), int(row["lines"]))
+            lines, busy = lines + int(row["lines"]), busy + float(row["seconds"])
             for message in filter(None, str(row["warnings"]).split("\n")):
                 warned += 1
                 if warned <= 20:
@@ -156,6 +158,10 @@ def decode_blocks(args: argparse.Namespace, store: BlockStore, pending: list[Blo
     bar.close()
     if warned > 20:
         print(f"beamsearch: {warned} warnings in all", file=sys.stderr)
+    if not args.quiet:
+        print(f"beamsearch: {lines} lines in {len(pending)} blocks on {workers} workers in "
+              f"{time.perf_counter() - start:.1f} s; {lines / max(busy, 1e-9):.1f} lines/s per worker while "
+              "decoding a block", file=sys.stderr)
 
 
 def worker_resources(args: argparse.Namespace, ray: Any) -> tuple[float, float]:

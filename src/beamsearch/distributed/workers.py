@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +69,15 @@ class BlockDecoder(Decoder):
     """Rows of whole blocks in, rows of their records out (``beamsearch decode --ray``).
 
     In: ``block`` (its number), ``first`` (the index of its first line), ``texts`` and ``sources`` (its lines and
-    their ``file:line``). Out: ``block``, ``lines`` (how many), ``records`` (the block's output text) and
-    ``warnings`` (one string, a line per warning).
+    their ``file:line``). Out: ``block``, ``lines`` (how many), ``records`` (the block's output text),
+    ``warnings`` (one string, a line per warning) and ``seconds`` (the worker's time on the block).
     """
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out: dict[str, list[Any]] = {"block": [], "lines": [], "records": [], "warnings": []}
+        out: dict[str, list[Any]] = {"block": [], "lines": [], "records": [], "warnings": [], "seconds": []}
         for block, first, texts, sources in zip(batch["block"], batch["first"], batch["texts"], batch["sources"],
                                                 strict=True):
+            start = time.perf_counter()
             lines = [Line(int(first) + i, str(source), str(text))
                      for i, (text, source) in enumerate(zip(texts, sources, strict=True))]
             hyps, warnings = self.decode(lines, int(block))
@@ -84,8 +86,10 @@ class BlockDecoder(Decoder):
             pairs = zip(lines, hyps, strict=True)
             out["records"].append("".join(format_record(self.args.format, line, h) for line, h in pairs))
             out["warnings"].append("\n".join(warnings))
+            out["seconds"].append(time.perf_counter() - start)
         return {"block": np.array(out["block"], dtype=np.int64), "lines": np.array(out["lines"], dtype=np.int64),
-                "records": np.array(out["records"], dtype=object), "warnings": np.array(out["warnings"], dtype=object)}
+                "records": np.array(out["records"], dtype=object), "warnings": np.array(out["warnings"], dtype=object),
+                "seconds": np.array(out["seconds"], dtype=np.float64)}
 
 
 class LineDecoder(Decoder):
