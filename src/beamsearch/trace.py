@@ -176,7 +176,7 @@ def _example_tree(example: int, prompt: list[int], steps: list[dict[str, Any]], 
         if not beam_node:
             beam_node = [0] * len(record["kept_beam"][row])
         k, closed, previous = len(beam_node), not record["open_after"][row], list(beam_node)
-        for beam, masked in enumerate(record.get("masked", [None] * (row + 1))[row] or []):
+        for beam, masked in enumerate(record["masked"][row] if "masked" in record else []):
             for j, is_masked in enumerate(masked):
                 if is_masked and (step > 0 or beam == 0):  # at the first step the K beams are one
                     nodes.append(dict(id=len(nodes), parent=previous[beam], step=step,
