@@ -8,7 +8,7 @@ wall time is the adapter's setup (tokenizer padding, encoder, state creation) an
 ``torch.profiler`` runs one batch of each and lists the operators by self CPU time, so that the model's share can be
 split into its kernels and the dispatch around them.
 
-    .venv/bin/python benchmarks/profile_g2p.py [--words 512] [--batch 64] [--beams 5] [--threads 1]
+    .venv/bin/python benchmarks/profile_g2p.py [--words 512] [--batch 64] [--beams 5] [--threads 1] [--fast]
 
 Prints two tables (markdown). Nothing is written. Timings are of this machine and this moment; run it in one
 process with nothing else busy, and compare only runs made the same way.
@@ -68,13 +68,13 @@ def instrumented(timers: Timers):
     return decode
 
 
-def run(model, tokenizer, words: list[str], batch: int, beams: int) -> float:
+def run(model, tokenizer, words: list[str], batch: int, beams: int, **options) -> float:
     from beamsearch.adapters.hf import search_model
 
     start = time.perf_counter()
     for i in range(0, len(words), batch):
         inputs = tokenizer(words[i : i + batch], return_tensors="pt", padding=True)
-        search_model(model, **inputs, num_beams=beams)
+        search_model(model, **inputs, num_beams=beams, **options)
     return time.perf_counter() - start
 
 
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--beams", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--top", type=int, default=12, help="operators listed per search")
+    ap.add_argument("--fast", action="store_true", help="profile the fast T5 step (lean_step='fast')")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -100,14 +101,15 @@ def main() -> None:
     print("| search | wall s | model step | search step (advance) | state reorder | host sync (is_done) | rest | "
           "steps | per step ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    options = {"lean_step": "fast"} if args.fast else {}
     real_decode = engine.decode
     with torch.no_grad():
         for beams in (1, args.beams):
-            run(model, tokenizer, words[: args.batch], args.batch, beams)  # warm-up
+            run(model, tokenizer, words[: args.batch], args.batch, beams, **options)  # warm-up
             timers = Timers()
             engine.decode = instrumented(timers)
             try:
-                wall = run(model, tokenizer, words, args.batch, beams)
+                wall = run(model, tokenizer, words, args.batch, beams, **options)
             finally:
                 engine.decode = real_decode
             parts = ("model step", "search step (advance)", "state reorder", "host sync (is_done)")
@@ -123,7 +125,7 @@ def main() -> None:
             inputs = tokenizer(words[: args.batch], return_tensors="pt", padding=True)
 
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                search_model(model, **inputs, num_beams=beams)
+                search_model(model, **inputs, num_beams=beams, **options)
             name = "greedy" if beams == 1 else f"beam {beams}"
             print(f"\n{name}, one batch of {args.batch}: operators by self CPU time\n")
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top,

@@ -31,6 +31,7 @@ T cache capacity.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any
 
@@ -55,9 +56,11 @@ class PackedLinear:
         if int8:  # per output row (folding a gain into a per-tensor int8 weight would widen its grid)
             scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
             zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
-            quantized = torch.quantize_per_channel(weight.float().contiguous(), scales.double(), zero_points, 0,
-                                                   torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(quantized, None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the deprecation notice of torch's quantized tensors (quantize.py)
+                quantized = torch.quantize_per_channel(weight.float().contiguous(), scales.double(), zero_points, 0,
+                                                       torch.qint8)
+                self.packed = torch.ops.quantized.linear_prepack(quantized, None)
             return
         self.weight = weight.contiguous()
         if self.weight.device.type == "cpu" and self.weight.dtype == torch.float32 and _onednn_available():

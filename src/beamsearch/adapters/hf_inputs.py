@@ -116,7 +116,8 @@ def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, A
         model_kwargs["logits_to_keep"] = 1
     model._validate_generated_length(config, input_ids.shape[1], has_default_max_length)
     mode = config.get_generation_mode()
-    model._prepare_cache_for_generation(config, model_kwargs, mode, batch_size, config.max_length - 1)
+    if encode is None:  # the fast step keeps its own cache: transformers' would be made and dropped
+        model._prepare_cache_for_generation(config, model_kwargs, mode, batch_size, config.max_length - 1)
     model_kwargs["use_cache"] = config.use_cache
     return {
         "generation_config": config,
