@@ -29,7 +29,13 @@ from beamsearch.cli.flags import build_parser, validate  # noqa: E402
 from beamsearch.cli.inputs import CLIError  # noqa: E402
 from beamsearch.cli.main import main  # noqa: E402
 from beamsearch.distributed.blocks import BlockStore, read_blocks  # noqa: E402
-from beamsearch.ray import check_reachable, decode_dataset, decode_files  # noqa: E402
+from beamsearch.ray import (  # noqa: E402
+    check_reachable,
+    decode_dataset,
+    decode_files,
+    default_workers,
+    worker_resources,
+)
 
 LAYOUT = ["--chunk-size", "8", "--batch-size", "3"]  # 23 lines: blocks of 8, 8 and 7 lines, model batches of 3
 # The same --threads in both runs: torch's matrix products split their sums by thread, so the last bit of a score
@@ -237,6 +243,33 @@ def test_blocks_are_the_single_process_chunks(tmp_path):
     blocks = list(read_blocks([str(path)], 3))
     assert [[line.index for line in b.lines] for b in blocks] == [[1, 2, 3], [4, 5, 6], [7]]
     assert [b.number for b in blocks] == [0, 1, 2] and blocks[1].lines[0].source.endswith("in.txt:4")
+
+
+class FakeCluster:
+    """What ``worker_resources`` and ``default_workers`` ask a Ray cluster: its total and free resources."""
+
+    def __init__(self, resources: dict[str, float]):
+        self.resources = resources
+
+    def cluster_resources(self) -> dict[str, float]:
+        return self.resources
+
+    available_resources = cluster_resources
+
+
+def test_workers_declare_their_threads_and_a_gpu_for_cuda(words):
+    def resources(argv, cluster):
+        args = parsed(["decode", str(words), "--ray", "-o", "x", *argv])
+        return worker_resources(args, FakeCluster(cluster)), args.threads, args.device
+
+    assert resources([], {"CPU": 16}) == ((1, 0), 1, "auto")
+    assert resources(["--threads", "4"], {"CPU": 16}) == ((4, 0), 4, "auto")
+    assert resources(["--device", "cuda:1"], {"CPU": 16}) == ((1, 1), 1, "cuda")  # its one GPU is cuda there
+    assert resources([], {"CPU": 16, "GPU": 2}) == ((1, 1), 1, "auto")
+    assert resources(["--device", "cpu"], {"CPU": 16, "GPU": 2}) == ((1, 0), 1, "cpu")
+    assert default_workers(FakeCluster({"CPU": 16, "GPU": 4}), 1, 1) == 4
+    assert default_workers(FakeCluster({"CPU": 16}), 4, 0) == 4
+    assert default_workers(FakeCluster({}), 1, 0) == 1
 
 
 def test_check_reachable_fails_fast():

@@ -133,7 +133,7 @@ def decode_blocks(args: argparse.Namespace, store: BlockStore, pending: list[Blo
     """Send the pending blocks to an actor pool and save each one as it comes back (in any order)."""
     ray = connect(args.ray_address)
     cpus, gpus = worker_resources(args, ray)
-    workers = min(args.num_workers or max(1, int(ray.available_resources().get("CPU", 1) // cpus)), len(pending))
+    workers = min(args.num_workers or default_workers(ray, cpus, gpus), len(pending))
     rows = [{"block": b.number, "first": b.lines[0].index, "texts": [line.text for line in b.lines],
              "sources": [line.source for line in b.lines]} for b in pending]
     # A worker that dies is restarted and the block it was decoding is given to a worker again: Ray Data's actor
@@ -164,10 +164,15 @@ def decode_blocks(args: argparse.Namespace, store: BlockStore, pending: list[Blo
               "decoding a block", file=sys.stderr)
 
 
+def default_workers(ray: Any, cpus: float, gpus: float) -> int:
+    """As many workers as the cluster's free resources hold: one per GPU, or per ``cpus`` CPUs."""
+    free = ray.available_resources()
+    return max(1, int(free.get("GPU", 0) // gpus if gpus else free.get("CPU", 1) // cpus))
+
+
 def worker_resources(args: argparse.Namespace, ray: Any) -> tuple[float, float]:
     """CPUs and GPUs one worker declares: ``--threads`` CPUs (default 1; the worker runs torch on as many threads),
-    and one GPU for ``--device cuda``
-    (or ``auto`` on a cluster with GPUs), where the worker sees its GPU as ``cuda``."""
+    and one GPU for ``--device cuda`` (or ``auto`` on a cluster with GPUs), which the worker sees as ``cuda``."""
     cpus = args.threads = args.threads or 1  # torch's threads in the worker: sums split alike round alike
     if args.device.startswith("cuda"):
         args.device = "cuda"
