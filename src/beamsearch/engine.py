@@ -11,6 +11,7 @@ import torch
 from .compaction import removal_is_exact
 from .loop import StepFn, decode
 from .options import SearchOptions
+from .prefix_watch import Listener, PrefixWatch
 from .processors import build_processors
 from .ranking import check_ranking
 from .results import SearchResult
@@ -18,7 +19,6 @@ from .stopping import build_stopping_criteria
 from .strategies.base import StepTrace
 from .strategies.constrained import parse_constraints
 from .strategies.registry import Request, check, choose
-from .streaming import Listener, PrefixWatch
 from .trace import TraceLimits, attach
 
 
@@ -89,8 +89,8 @@ def search(
             encoder's input (for decoder-only models, the prompt), as ``generate`` does.
         output_alignments: keep, for each generated token, the attention over the source of the step that chose
             it (``result.alignments [B, n, T', S]``); the step must return ``(logits, state, attention [N, S])``.
-        stream_to: a callable given each :class:`~beamsearch.streaming.StreamEvent` while the search runs: the
-            committed prefix of the best hypothesis as it becomes final (``streaming.py`` says when); one example
+        stream_to: a callable given each :class:`~beamsearch.prefix_watch.StreamEvent` while the search runs: the
+            committed prefix of the best hypothesis as it becomes final (``prefix_watch.py`` says when); one example
             only (B = 1). :func:`beamsearch.stream` wraps it as an iterator.
         provisional: with ``stream_to``: stream the current best with corrections instead.
         trace: record what beam search considered, kept and dropped at each step (``result.search_trace``, a
