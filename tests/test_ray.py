@@ -191,6 +191,7 @@ def test_bad_input_is_one_line_and_loses_nothing(local_ray, words, tmp_path, mon
         (["decode", str(tmp_path / "missing.txt"), "--ray", "-o", str(out)], "missing.txt: no such file"),
         (["decode", str(words), "--num-workers", "2"], "--num-workers needs --ray"),
         ([*base, "--do-sample"], "--do-sample with --ray"),
+        ([*base, "--stream"], "--stream and --ray contradict each other"),
         ([*base, "--ray-address", f"127.0.0.1:{free_port()}"], "nothing answers there"),
         ([*base, "--ray-address", "head-node"], "expected HOST:PORT"),
         (["decode", str(bad), "-q", "--ray", "-o", str(out), "--overwrite"], "bad.txt:2: invalid UTF-8"),

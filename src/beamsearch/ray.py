@@ -102,6 +102,9 @@ def decode_files(args: argparse.Namespace, kill: tuple[int, str] | None = None) 
         raise CLIError("--ray needs --output FILE (its finished blocks and their manifest go to FILE.blocks/)")
     if not args.files or "-" in args.files:
         raise CLIError("--ray needs input files: stdin cannot be split into resumable blocks")
+    if getattr(args, "stream", False):
+        raise CLIError("--stream and --ray contradict each other: --stream prints one input at a time, --ray decodes "
+                       "files in blocks; choose one")
     check_readable(args.files)
     refuse_order_dependent(args)
     store = BlockStore(args.output, args.format, resume=args.resume, overwrite=args.overwrite)
