@@ -199,7 +199,7 @@ def test_quantized_model_runs_the_lean_step() -> None:
 def test_lean_step_refusals() -> None:
     model = t5()
     ids, mask = inputs(2)
-    with pytest.raises(ValueError, match="lean_step must be None, True or False"):
+    with pytest.raises(ValueError, match="lean_step must be None, True, False or 'fast'"):
         beamsearch.generate(model, input_ids=ids, lean_step="yes", max_new_tokens=2)
     with pytest.raises(ValueError, match="lean_step=True cannot run this call: decoder_attention_mask"):
         beamsearch.generate(model, input_ids=ids, attention_mask=mask, decoder_input_ids=torch.zeros(2, 1).long(),
