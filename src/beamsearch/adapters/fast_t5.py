@@ -44,11 +44,14 @@ from .hf_t5 import LeanT5State, _output_scale
 class PackedLinear:
     """``x @ W.T`` for a weight made here (folded, stacked), in float or dynamic int8 like the model's layers.
 
-    float32 on the CPU: the weight is also reordered once into oneDNN's blocked layout, and products of 16 rows or
-    more run through oneDNN (25-30% faster than MKL's ``sgemm`` on this project's 2-core AMD machine at 64-900
-    rows, which re-packs the weight at every call; fewer rows stay with ``F.linear``, where it is faster)."""
+    float32 on the CPU: the weight is also reordered once into oneDNN's blocked layout, and a product runs through
+    oneDNN when it is large enough to repay oneDNN's call overhead (about 20 us): a weight of 512k values or more,
+    or 4M multiply-adds. Measured on this project's 2-core AMD machine, one thread: oneDNN 25-30% faster than
+    MKL's ``sgemm`` (which re-packs the weight at every call) at 64-900 rows of G2P-sized weights, 2x on a
+    t5-small output layer at 1-16 rows; MKL faster for small weights at few rows (192 x 101 below 128 rows)."""
 
-    ONEDNN_MIN_ROWS = 16
+    ONEDNN_MIN_WEIGHT = 1 << 19
+    ONEDNN_MIN_WORK = 1 << 22
 
     def __init__(self, weight: torch.Tensor, int8: bool):
         self.int8 = int8
@@ -69,7 +72,8 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8:
             return torch.ops.quantized.linear_dynamic(x, self.packed, True)
-        if self.onednn is not None and x.numel() >= self.ONEDNN_MIN_ROWS * x.shape[-1]:
+        if self.onednn is not None and (self.weight.numel() >= self.ONEDNN_MIN_WEIGHT
+                                        or x.numel() * self.weight.shape[0] >= self.ONEDNN_MIN_WORK):
             return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, "none", [], "")
         return F.linear(x, self.weight)
 
