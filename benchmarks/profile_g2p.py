@@ -94,7 +94,8 @@ def main() -> None:
 
     model = AutoModelForSeq2SeqLM.from_pretrained(G2P_DIR, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(G2P_DIR)
-    words = [line.split("\t")[0] for line in WORDS.read_text(encoding="utf-8").splitlines() if line][: args.words]
+    words = [line.split("\t")[0].lower() for line in WORDS.read_text(encoding="utf-8").splitlines() if line]
+    words = words[: args.words]  # lowercased, as the CLI feeds the embedded model
     words.sort(key=len)  # batched by length, as the CLI batches its inputs (less padding)
     print(f"{len(words)} CMUdict test words, batches of {args.batch}, {args.threads} thread(s), torch "
           f"{torch.__version__}\n")
