@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_hf import T5_VOCAB
+from tiny_hf import random_t5 as t5
 
 from beamsearch.adapters import fast_t5
 from beamsearch.adapters.hf import search_model
@@ -20,23 +22,7 @@ transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
 G2P = ROOT / "src" / "beamsearch" / "models" / "g2p_cmudict"
 WORDS = ROOT / "src" / "beamsearch" / "data" / "cmudict" / "test.tsv"
-VOCAB = 48
-
-
-def t5(gated: bool, tied: bool, seed: int = 0, model_type: str = "t5"):
-    config_class = transformers.MT5Config if model_type == "mt5" else transformers.T5Config
-    model_class = transformers.MT5ForConditionalGeneration if model_type == "mt5" else \
-        transformers.T5ForConditionalGeneration
-    config = config_class(vocab_size=VOCAB, d_model=24, d_kv=8, d_ff=40, num_layers=2, num_decoder_layers=2,
-                          num_heads=3, feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=tied,
-                          relative_attention_num_buckets=8, relative_attention_max_distance=12, pad_token_id=0,
-                          eos_token_id=1, decoder_start_token_id=0)
-    torch.manual_seed(seed)
-    model = model_class(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.4)
-    return model
+VOCAB = T5_VOCAB
 
 
 def padded_inputs(batch: int, seed: int):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from numerics import assert_scores_close
-from tiny_hf import assert_generate_equivalent
+from tiny_hf import T5_VOCAB, assert_generate_equivalent
+from tiny_hf import random_t5 as t5
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
@@ -14,24 +15,7 @@ from beamsearch.adapters import hf_steps
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 48
-
-
-def t5(gated: bool = False, tied: bool = False, seed: int = 0, model_type: str = "t5"):
-    """A small random T5 (or mT5) with peaked, input-dependent next-token distributions."""
-    config_class = transformers.MT5Config if model_type == "mt5" else transformers.T5Config
-    model_class = transformers.MT5ForConditionalGeneration if model_type == "mt5" else \
-        transformers.T5ForConditionalGeneration
-    config = config_class(vocab_size=VOCAB, d_model=24, d_kv=8, d_ff=40, num_layers=2, num_decoder_layers=2,
-                          num_heads=3, feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=tied,
-                          relative_attention_num_buckets=8, relative_attention_max_distance=12, pad_token_id=0,
-                          eos_token_id=1, decoder_start_token_id=0)
-    torch.manual_seed(seed)
-    model = model_class(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.4)
-    return model
+VOCAB = T5_VOCAB
 
 
 def inputs(batch: int, seed: int = 0):

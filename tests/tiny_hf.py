@@ -240,3 +240,26 @@ def assert_generate_equivalent(model, ours: dict | None = None, seed: int = 7, *
     else:  # a plain tensor of sequences: the tokens
         assert torch.equal(actual, expected)
     return expected, actual
+
+
+T5_VOCAB = 48
+
+
+def random_t5(gated: bool = False, tied: bool = False, seed: int = 0, model_type: str = "t5"):
+    """A small random T5 (or mT5) with peaked, input-dependent next-token distributions (the lean and fast T5
+    steps' tests)."""
+    import transformers
+
+    config_class = transformers.MT5Config if model_type == "mt5" else transformers.T5Config
+    model_class = transformers.MT5ForConditionalGeneration if model_type == "mt5" else \
+        transformers.T5ForConditionalGeneration
+    config = config_class(vocab_size=T5_VOCAB, d_model=24, d_kv=8, d_ff=40, num_layers=2, num_decoder_layers=2,
+                          num_heads=3, feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=tied,
+                          relative_attention_num_buckets=8, relative_attention_max_distance=12, pad_token_id=0,
+                          eos_token_id=1, decoder_start_token_id=0)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.4)
+    return model
