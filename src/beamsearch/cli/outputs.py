@@ -48,6 +48,25 @@ def format_record(fmt: str, line: Line, hyps: list[dict[str, Any]]) -> str:
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
+def check_output_path(path: str, leftover: Path, leftover_name: str, resume: bool, overwrite: bool) -> None:
+    """What every output file is checked for before anything is written (the single process's ``FILE.partial``, the
+    Ray path's ``FILE.blocks/``): a writable place, and no earlier output or interrupted run replaced unasked."""
+    target = Path(path)
+    if target.is_dir():
+        raise CLIError(f"--output {path}: is a directory")
+    if not target.parent.is_dir():
+        raise CLIError(f"--output {path}: its directory does not exist")
+    if resume and overwrite:
+        raise CLIError("--resume and --overwrite contradict each other: choose one")
+    if not resume and not overwrite:
+        if leftover.exists():
+            raise CLIError(f"--output {path}: an interrupted run left {leftover_name}; continue it with --resume or "
+                           "start over with --overwrite")
+        if target.exists() and target.stat().st_size > 0:
+            raise CLIError(f"--output {path} exists; use --overwrite to replace it (it is kept until the new output "
+                           "is complete)")
+
+
 class Output:
     """Where records go: stdout, or a file that is never left half-replaced.
 
@@ -72,21 +91,9 @@ class Output:
                 raise CLIError("--resume needs --output FILE")
             self.stream = sys.stdout
             return
-        if self.path.is_dir():
-            raise CLIError(f"--output {path}: is a directory")
-        if not self.path.parent.is_dir():
-            raise CLIError(f"--output {path}: its directory does not exist")
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.sidecar = self.path.with_name(self.path.name + ".resume.json")
-        if resume and overwrite:
-            raise CLIError("--resume and --overwrite contradict each other: choose one")
-        if not resume and not overwrite:
-            if self.partial.exists():
-                raise CLIError(f"--output {path}: an interrupted run left {self.partial.name}; continue it with "
-                               "--resume or start over with --overwrite")
-            if self.path.exists() and self.path.stat().st_size > 0:
-                raise CLIError(f"--output {path} exists; use --overwrite to replace it (it is kept until the new "
-                               "output is complete)")
+        check_output_path(path, self.partial, self.partial.name, resume, overwrite)
 
     @property
     def complete_already(self) -> bool:

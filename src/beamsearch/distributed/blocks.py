@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli.inputs import CLIError, Line, chunks, read_lines
-from ..cli.outputs import _check_fingerprint, _sync_directory
+from ..cli.outputs import _check_fingerprint, _sync_directory, check_output_path
 
 MANIFEST = "manifest.json"
 
@@ -61,20 +61,8 @@ class BlockStore:
         self.manifest = self.folder / MANIFEST
         self.finished: dict[int, dict[str, Any]] = {}
         self.fingerprint: dict[str, Any] = {}
-        if resume and overwrite:
-            raise CLIError("--resume and --overwrite contradict each other: choose one")
-        if self.path.is_dir():
-            raise CLIError(f"--output {path}: is a directory")
-        if not self.path.parent.is_dir():
-            raise CLIError(f"--output {path}: its directory does not exist")
+        check_output_path(path, self.folder, f"{self.folder.name}/", resume, overwrite)
         self.resume, self.overwrite = resume, overwrite
-        if not resume and not overwrite:
-            if self.folder.exists():
-                raise CLIError(f"--output {path}: an interrupted run left {self.folder.name}/; continue it with "
-                               "--resume or start over with --overwrite")
-            if self.path.exists() and self.path.stat().st_size > 0:
-                raise CLIError(f"--output {path} exists; use --overwrite to replace it (it is kept until the new "
-                               "output is complete)")
 
     @property
     def complete_already(self) -> bool:
