@@ -106,7 +106,7 @@ class Output:
             return
         try:
             if self.resume and self.partial.exists():
-                _check_fingerprint(self.sidecar, fingerprint)
+                check_fingerprint(self.sidecar, fingerprint)
                 self.done = _recover(self.partial, self.fmt)
                 self.stream = self.partial.open("a", encoding="utf-8", newline="\n")
             else:
@@ -142,7 +142,7 @@ class Output:
             self.sync()
             self.stream.close()
             os.replace(self.partial, self.path)
-            _sync_directory(self.path.parent)
+            sync_directory(self.path.parent)
             self.sidecar.unlink(missing_ok=True)
         except OSError as e:
             raise self._write_error(e) from None
@@ -180,7 +180,7 @@ def fingerprint(args: Any, inputs: list[InputFile], skip: tuple[str, ...]) -> di
     return {"beamsearch": __version__, "inputs": files, "options": json.loads(json.dumps(options, default=str))}
 
 
-def _check_fingerprint(sidecar: Path, want: dict[str, Any]) -> None:
+def check_fingerprint(sidecar: Path, want: dict[str, Any]) -> None:
     try:
         have = json.loads(sidecar.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -207,7 +207,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _sync_directory(folder: Path) -> None:
+def sync_directory(folder: Path) -> None:
     """Make a rename in ``folder`` durable (where the platform allows opening a directory)."""
     try:
         fd = os.open(folder, os.O_RDONLY)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli.inputs import CLIError, Line, chunks, read_lines
-from ..cli.outputs import _check_fingerprint, _sync_directory, check_output_path
+from ..cli.outputs import check_fingerprint, check_output_path, sync_directory
 
 MANIFEST = "manifest.json"
 
@@ -74,7 +74,7 @@ class BlockStore:
         self.fingerprint = fingerprint
         try:
             if self.resume and self.folder.exists():
-                _check_fingerprint(self.manifest, fingerprint)
+                check_fingerprint(self.manifest, fingerprint)
                 listed = json.loads(self.manifest.read_text(encoding="utf-8")).get("blocks", {})
                 self.finished = {int(k): v for k, v in listed.items() if self._intact(v)}
                 return
@@ -117,7 +117,7 @@ class BlockStore:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(joined, self.path)
-            _sync_directory(self.path.parent)
+            sync_directory(self.path.parent)
             shutil.rmtree(self.folder)
         except OSError as e:
             raise CLIError(f"cannot write {self.path} ({e.strerror or e}); the finished blocks are kept in "
@@ -147,4 +147,4 @@ def _write_atomically(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, path)
-    _sync_directory(path.parent)
+    sync_directory(path.parent)
