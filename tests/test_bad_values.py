@@ -421,3 +421,14 @@ def test_max_rows_names_the_example_by_its_index_in_the_whole_batch():
                             logits_processor=[poison])
     with pytest.raises(SearchError, match=r"at step 0 \(example 3\)$"):
         beamsearch.generate(model, input_ids=ids, max_new_tokens=3, num_beams=2, logits_processor=[poison])
+
+
+def test_beam_sampling_names_a_nan_beside_very_negative_live_scores():
+    """Found by test_scores_are_never_nan: logits of 1e30 leave live beam scores far below MASK; a NaN logit at
+    the next step must still be named, not sampled past into a NaN-scored result."""
+    step = build_step(0, 2, 1e30, [(1, 0, 0, "nan")])
+    input_ids = torch.randint(1, 2, (3, 2), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    with pytest.raises(SearchError, match="the model's logits hold NaN at step 1"):
+        beamsearch.search(step, input_ids, max_new_tokens=2, num_beams=2, do_sample=True, temperature=0.3,
+                          early_stopping=True, length_penalty=-1.0, eos_token_id=0)

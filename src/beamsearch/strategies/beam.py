@@ -149,8 +149,10 @@ class BeamSearch(PoolSearch):
             totals = (log_probs + self.live.scores[:, :, None]).reshape(b, k * vocab)  # [B, K*V]
             flat, invalid = sample(torch.softmax(totals, dim=-1), self.num_candidates)  # [B, C], [B]
             # an example with no live beam left (every one -inf, e.g. past a source-tied limit) has nothing to
-            # sample and stays with its finished pool, as in beam search; any other example must have a distribution
-            self.watch.flag(invalid & (self.live.scores > MASK / 2).any(dim=1))
+            # sample and stays with its finished pool, as in beam search; any other example must have a distribution,
+            # and a NaN in the totals (the model's NaN or +inf) is fatal whatever the live scores (a live score far
+            # below MASK, e.g. logits of 1e30, is still a live beam)
+            self.watch.flag(invalid & (self.live.scores > MASK / 2).any(dim=1) | torch.isnan(totals).any(dim=1))
             scores = torch.gather(totals, 1, flat)  # [B, C]
         else:
             scores, flat = self._choose_candidates(log_probs)  # [B, C]
