@@ -37,6 +37,13 @@ def padded_inputs(batch: int, seed: int):
     return ids, mask
 
 
+def lean_and_fast(model, batch: int, seed: int, max_length: int) -> list:
+    """The lean and the fast state of ``model`` over the same padded inputs' encoder output."""
+    ids, mask = padded_inputs(batch, seed=seed)
+    encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    return [LeanT5State(model, encoded, mask, max_length), fast_t5.FastT5State(model, encoded, mask, max_length)]
+
+
 MODELS = [(False, False, "t5"), (True, False, "t5"), (False, True, "t5"), (True, True, "mt5")]
 
 
@@ -57,11 +64,8 @@ def test_each_step_equals_the_lean_step(gated, tied, model_type, beams):
     """Both states fed the same tokens, step by step, with rows expanded to beams and reordered between steps:
     the logits agree to float rounding at every step."""
     model = t5(gated, tied, model_type=model_type)
-    ids, mask = padded_inputs(4, seed=2)
     with torch.no_grad():
-        encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        lean = LeanT5State(model, encoded, mask, max_length=12)
-        fast = fast_t5.FastT5State(model, encoded, mask, max_length=12)
+        lean, fast = lean_and_fast(model, 4, seed=2, max_length=12)
         expansion = torch.arange(4).repeat_interleave(beams)
         generator = torch.Generator().manual_seed(3)
         tokens = torch.zeros(4 * beams, 1, dtype=torch.long)
@@ -82,10 +86,8 @@ def test_each_step_equals_the_lean_step(gated, tied, model_type, beams):
 def test_examples_leaving_keep_the_others_right():
     """Whole examples leave the batch (the engine's compaction): the cross state and the cache follow."""
     model = t5(False, False)
-    ids, mask = padded_inputs(4, seed=4)
     with torch.no_grad():
-        encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        states = [LeanT5State(model, encoded, mask, 8), fast_t5.FastT5State(model, encoded, mask, 8)]
+        states = lean_and_fast(model, 4, seed=4, max_length=8)
         tokens = torch.zeros(8, 1, dtype=torch.long)
         for state in states:
             state.reorder(torch.arange(4).repeat_interleave(2))
@@ -98,10 +100,8 @@ def test_examples_leaving_keep_the_others_right():
 
 def test_cache_capacity_grows_past_max_length():
     model = t5(False, False)
-    ids, mask = padded_inputs(2, seed=5)
     with torch.no_grad():
-        encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        states = [LeanT5State(model, encoded, mask, 2), fast_t5.FastT5State(model, encoded, mask, 2)]
+        states = lean_and_fast(model, 2, seed=5, max_length=2)
         for state in states:
             state.prefill(torch.zeros(2, 1, dtype=torch.long))
         for token in range(2, 7):  # past the capacity of 2: the cache and the bias table grow

@@ -84,12 +84,16 @@ def _onednn_available() -> bool:
                 and hasattr(mkldnn, "_linear_pointwise"))
 
 
+def _is_int8(linear: Any) -> bool:
+    """Whether a linear layer is torch.ao's dynamic int8 Linear (its ``weight()`` is the quantized tensor)."""
+    return callable(linear.weight)
+
+
 def _weight(linear: Any) -> tuple[torch.Tensor, bool]:
     """A linear layer's float weight ``[out, in]`` and whether the layer is dynamic int8 (dequantized then)."""
-    weight = linear.weight
-    if callable(weight):  # torch.ao dynamic quantized Linear: weight() is the quantized tensor
-        return weight().dequantize(), True
-    return weight.detach(), False
+    if _is_int8(linear):
+        return linear.weight().dequantize(), True
+    return linear.weight.detach(), False
 
 
 def _packed(linears: list[Any], gain: torch.Tensor | None = None, scale: float | None = None) -> PackedLinear:
@@ -106,13 +110,19 @@ def _packed(linears: list[Any], gain: torch.Tensor | None = None, scale: float |
 def fast_t5_reason(model: Any) -> str | None:
     """Why the fast step cannot run this T5 model (beyond the lean step's own conditions; None: it can)."""
     dtype = model.decoder.embed_tokens.weight.dtype
-    int8 = _weight(model.decoder.block[0].layer[0].SelfAttention.q)[1]
-    if dtype != torch.float32 and not int8:
+    if dtype != torch.float32 and not _is_int8(model.decoder.block[0].layer[0].SelfAttention.q):
         return f"the model's dtype is {dtype} (the fast step computes float32 and int8)"
     for stack in (model.encoder, model.decoder):
         if not all(hasattr(block.layer[-1], "DenseReluDense") for block in stack.block):
             return "a feed-forward block is not T5's DenseReluDense"
     return None
+
+
+def _self_attention(sublayer: Any) -> dict[str, PackedLinear]:
+    """A self-attention sublayer's products: query, key and value stacked after its norm, and its output."""
+    attention = sublayer.SelfAttention
+    return {"qkv": _packed([attention.q, attention.k, attention.v], sublayer.layer_norm.weight),
+            "self_out": _packed([attention.o])}
 
 
 def _feed_forward(sublayer: Any) -> dict[str, Any]:
@@ -137,13 +147,11 @@ class FastT5Weights:
         decoder, encoder = model.decoder, model.encoder
         self.decoder_layers = []
         for block in decoder.block:
-            attention, cross = block.layer[0], block.layer[1]
-            self_attention, enc_dec = attention.SelfAttention, cross.EncDecAttention
+            cross = block.layer[1]
             self.decoder_layers.append({
-                "qkv": _packed([self_attention.q, self_attention.k, self_attention.v], attention.layer_norm.weight),
-                "self_out": _packed([self_attention.o]),
-                "cross_query": _packed([enc_dec.q], cross.layer_norm.weight),
-                "cross_out": _packed([enc_dec.o]),
+                **_self_attention(block.layer[0]),
+                "cross_query": _packed([cross.EncDecAttention.q], cross.layer_norm.weight),
+                "cross_out": _packed([cross.EncDecAttention.o]),
                 **_feed_forward(block.layer[2]),
             })
         # every layer's cross-attention keys and values from the encoder output in one product: [2L*D, D]
@@ -151,10 +159,8 @@ class FastT5Weights:
                                           for linear in (block.layer[1].EncDecAttention.k,
                                                          block.layer[1].EncDecAttention.v)])
         self.output = _packed([model.lm_head], decoder.final_layer_norm.weight, _output_scale(model))
-        self.encoder_layers = [{"qkv": _packed([block.layer[0].SelfAttention.q, block.layer[0].SelfAttention.k,
-                                                block.layer[0].SelfAttention.v], block.layer[0].layer_norm.weight),
-                                "self_out": _packed([block.layer[0].SelfAttention.o]),
-                                **_feed_forward(block.layer[1])} for block in encoder.block]
+        self.encoder_layers = [{**_self_attention(block.layer[0]), **_feed_forward(block.layer[1])}
+                               for block in encoder.block]
         self.epsilon = decoder.final_layer_norm.variance_epsilon
         self.encoder_epsilon = encoder.final_layer_norm.variance_epsilon
 
@@ -214,16 +220,9 @@ class FastT5State(LeanT5State):
     """
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int):
-        self.model = model
+        self._start(model, encoder_hidden, source_mask, max_length, fixed_shape=False)
         self.weights = fast_weights(model)
-        self.blocks = list(model.decoder.block)
-        attention = self.blocks[0].layer[0].SelfAttention
-        self.heads, self.head_size = attention.n_heads, attention.key_value_proj_dim
-        self.bias_module = attention
-        self.max_length = max_length
-        self.dtype = encoder_hidden.dtype
-        self.fixed_shape = False
-        self.examples, length = encoder_hidden.shape[:2]
+        length = encoder_hidden.shape[1]
         # one product over the contiguous [B, S, D] (a transposed input costs oneDNN twice the time), then
         # each layer's keys and values made time-major [S, B, H, d]
         projected = self.weights.cross_keys_values(encoder_hidden)  # [B, S, 2L*D]
@@ -231,17 +230,12 @@ class FastT5State(LeanT5State):
         self.cross_keys = [split[:, :, 2 * layer].transpose(0, 1).contiguous() for layer in range(len(self.blocks))]
         self.cross_values = [split[:, :, 2 * layer + 1].transpose(0, 1).contiguous()
                              for layer in range(len(self.blocks))]
-        self.padded = source_mask is not None and not bool(source_mask.all())
         self.source_bias = None  # [S, B, 1, 1] additive, with padding only
         if self.padded:
             blocked = (source_mask == 0).t()[:, :, None, None]
             self.source_bias = torch.zeros(blocked.shape, dtype=self.dtype, device=blocked.device)
             self.source_bias.masked_fill_(blocked, torch.finfo(self.dtype).min)
         self.position_bias: torch.Tensor | None = None  # [T, T, H]: query position, key position, head
-        self.cache = None
-        self.length = 0
-        self.rows_per_example = 1
-        self.expansion = None
 
     def _select_cross(self, index: torch.Tensor) -> None:
         self.cross_keys = [keys.index_select(1, index) for keys in self.cross_keys]

@@ -132,13 +132,16 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
                 raise ValueError(f"exact_parity=True runs the generic step as transformers does: it cannot be "
                                  f"combined with {name}={value!r}")
         lean_step = False
-    if lean_step == "fast":
-        return _fast_step(model, model_kwargs, options, needs_attention, share_encoder_state, compile_step)
     if lean_step is False:
         reason = "lean_step=False was given"
     else:
-        step, state, reason = _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state,
-                                         fixed_shape)
+        if lean_step == "fast":
+            step, state = _fast_step(model, model_kwargs, options, needs_attention, share_encoder_state,
+                                     compile_step)  # it runs or raises
+            reason = None
+        else:
+            step, state, reason = _lean_step(model, model_kwargs, config, options, needs_attention,
+                                             share_encoder_state, fixed_shape)
         if reason is None:
             if compile_step:
                 state.decode = torch.compile(state.decode, dynamic=None if fixed_shape else True,
@@ -158,7 +161,7 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
 
 
 def _fast_step(model, model_kwargs, options, needs_attention, share_encoder_state, compile_step):
-    """The fast T5 step (``lean_step="fast"``), or an error naming why it cannot run this call."""
+    """The fast T5 step and its state (``lean_step="fast"``), or an error naming why it cannot run this call."""
     reason = lean_t5_reason(model, model_kwargs, needs_attention) or fast_t5_reason(model)
     if reason is not None:
         raise ValueError(f"lean_step='fast' cannot run this call: {reason}")
@@ -168,10 +171,7 @@ def _fast_step(model, model_kwargs, options, needs_attention, share_encoder_stat
     if compile_step == "static":
         raise ValueError("lean_step='fast' has no fixed-shape variant: use compile_step=True or False")
     encoded = model_kwargs["encoder_outputs"].last_hidden_state
-    state = FastT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length)
-    if compile_step:
-        state.decode = torch.compile(state.decode, dynamic=True, **compile_options())
-    return lean_t5_step, state
+    return lean_t5_step, FastT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length)
 
 
 def _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state, fixed_shape=False):

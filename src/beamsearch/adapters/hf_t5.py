@@ -95,22 +95,13 @@ class LeanT5State:
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
                  share_encoder_state: bool = False, fixed_shape: bool = False):
-        self.model = model
-        self.blocks = list(model.decoder.block)
-        attention = self.blocks[0].layer[0].SelfAttention
-        self.heads, self.head_size = attention.n_heads, attention.key_value_proj_dim
-        self.bias_module = attention
+        self._start(model, encoder_hidden, source_mask, max_length, fixed_shape)
         self.scale = _output_scale(model)
-        self.max_length = max_length  # the cache's first capacity
-        self.dtype = encoder_hidden.dtype
         self.sdpa = model.config._attn_implementation == "sdpa"
         self.share_encoder_state = share_encoder_state
-        self.fixed_shape = fixed_shape
         self.bias_table: torch.Tensor | None = None  # fixed shape: [H, T, T] position bias, future masked
-        self.examples = encoder_hidden.shape[0]
         self.cross_keys = [self._heads(b.layer[1].EncDecAttention.k(encoder_hidden)) for b in self.blocks]
         self.cross_values = [self._heads(b.layer[1].EncDecAttention.v(encoder_hidden)) for b in self.blocks]
-        self.padded = source_mask is not None and not bool(source_mask.all())
         if self.padded:
             blocked = source_mask[:, None, None, :] == 0  # [B, 1, 1, S]
             self.source_bias = torch.zeros(blocked.shape, dtype=self.dtype, device=blocked.device)
@@ -118,6 +109,21 @@ class LeanT5State:
         else:  # transformers' cross-attention bias without padding: zeros
             self.source_bias = torch.zeros((1, self.heads, 1, encoder_hidden.shape[1]), dtype=self.dtype,
                                            device=encoder_hidden.device)
+
+    def _start(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
+               fixed_shape: bool) -> None:
+        """What every T5 state holds before its cross-attention state (this one's and the fast step's): the
+        decoder's shape, the examples, whether the source is padded, and an empty cache."""
+        self.model = model
+        self.blocks = list(model.decoder.block)
+        attention = self.blocks[0].layer[0].SelfAttention
+        self.heads, self.head_size = attention.n_heads, attention.key_value_proj_dim
+        self.bias_module = attention
+        self.max_length = max_length  # the cache's first capacity
+        self.dtype = encoder_hidden.dtype
+        self.fixed_shape = fixed_shape
+        self.examples = encoder_hidden.shape[0]
+        self.padded = source_mask is not None and not bool(source_mask.all())
         self.cache: TimeMajorCache | None = None  # allocated by the first step
         self.length = 0
         self.rows_per_example = 1
