@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="average log-probabilities (OpenNMT-py) or probabilities (fairseq)")
         perf.add_argument("--batch-size", type=int, default=64, help="inputs per batch (tokens with --batch-type "
                           "tokens)")
-        perf.add_argument("--batch-type", choices=("sentences", "tokens"), default="sentences")
+        perf.add_argument("--batch-type", choices=("sentences", "tokens"), default="sentences",
+                          help="what --batch-size counts: inputs (sentences) or padded input tokens (tokens)")
         perf.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
         perf.add_argument("--fast", action="store_true", help="T5 models (the embedded one too): the fast step "
                           "(packed weights, oneDNN products, its own attention; equal to float rounding, not "
