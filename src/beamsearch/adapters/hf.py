@@ -15,6 +15,8 @@ import torch
 
 from ..engine import search
 from ..errors import SearchError
+from ..graphs.driver import graph_search
+from ..graphs.eligibility import check_graph_call
 from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
 from ..streaming import streamer_listener
@@ -93,6 +95,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         raise ValueError("beamsearch never enables trust_remote_code")
     search_arguments, lean, toolkit = pop_search_arguments(kwargs)
     search_arguments["trace"] = kwargs.pop("trace", False)  # the search trace (beamsearch.trace), beam search only
+    cuda_graphs = lean.pop("cuda_graphs")  # the graph path's own driver (beamsearch.graphs), chosen here
     exact = lean["exact_parity"]
     if exact:
         if toolkit.get("remove_finished"):
@@ -104,8 +107,15 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     config = setup["generation_config"]
     options = options_from_config(config, toolkit, setup["has_default_max_length"])
     needs_attention = options.coverage_penalty != "none" or search_arguments["output_alignments"]
+    if cuda_graphs:  # what a captured step cannot run is refused before anything is decoded
+        check_graph_call(options, {**search_arguments, "stream_to": streamer}, lean, logits_processor,
+                         stopping_criteria)
 
     def run(run_options: Any, arguments: dict[str, Any]) -> SearchResult:
+        if cuda_graphs:
+            return graph_search(model, setup, config, run_options, fill_token(config, run_options),
+                                logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                                arguments=arguments, step_options=lean)
         step, state = model_step(model, setup["model_kwargs"], config, run_options, needs_attention, **lean)
         return search(
             step,

@@ -52,6 +52,8 @@ def search_ensemble(
         if kwargs.get(name) is not None:
             raise ValueError(f"argument {name!r} is not supported with an ensemble")
     search_arguments, lean, toolkit = pop_search_arguments(kwargs)
+    if lean.pop("cuda_graphs"):
+        raise ValueError("cuda_graphs=True is not supported with an ensemble")
     setups = [prepare(model, inputs, generation_config, dict(kwargs)) for model in models]
     first = setups[0]
     for i, setup in enumerate(setups[1:], 1):

@@ -17,11 +17,12 @@ def pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     """Take the arguments that are ours, not transformers', out of ``kwargs``.
 
     Returns the keyword arguments for :func:`beamsearch.search`, those for the model step (``lean_step``,
-    ``share_encoder_state``, ``compile_step``, ``exact_parity``) and the other toolkits' options.
+    ``share_encoder_state``, ``compile_step``, ``exact_parity``, ``cuda_graphs``) and the other toolkits' options.
     """
-    exact = kwargs.pop("exact_parity", False)
-    if not isinstance(exact, bool):
-        raise ValueError(f"exact_parity must be True or False, got {exact!r}")
+    exact, graphs = kwargs.pop("exact_parity", False), kwargs.pop("cuda_graphs", False)
+    for name, value in (("exact_parity", exact), ("cuda_graphs", graphs)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
     search_arguments = {
         "tokenizer": kwargs.pop("tokenizer", None),
         "prefix_allowed_tokens_fn": kwargs.pop("prefix_allowed_tokens_fn", None),
@@ -33,7 +34,7 @@ def pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     }
     lean = {"lean_step": kwargs.pop("lean_step", None),
             "share_encoder_state": kwargs.pop("share_encoder_state", False),
-            "compile_step": kwargs.pop("compile_step", False), "exact_parity": exact}
+            "compile_step": kwargs.pop("compile_step", False), "exact_parity": exact, "cuda_graphs": graphs}
     toolkit = {name: kwargs.pop(name) for name in TOOLKIT_OPTIONS if name in kwargs}
     return search_arguments, lean, toolkit
 

@@ -1,0 +1,155 @@
+"""The graph path's driver (``beamsearch.generate(..., cuda_graphs=True)``): one whole step per replay.
+
+The eager path is the engine's loop (``loop.py``: step -> strategy -> reorder, one host check per step). This
+driver replaces it for a call the graph path can run (``eligibility.py``):
+
+1. the options become processors and stopping criteria as in the eager search (``build_processors``, the same
+   combination checks), then their graph-safe forms (``processors.py``);
+2. the batch is padded to a row bucket (``buckets.py``) and the model state is built once, with every tensor a step
+   touches: a :class:`~.t5.GraphT5`, :class:`~.gpt2.GraphGPT2` or :class:`~.llama.GraphLlama` (the prompt or the
+   decoder's start tokens run here, eagerly), and the strategy's pools (:class:`~.greedy.GraphGreedy`,
+   :class:`~.beam.GraphBeamSearch`);
+3. :class:`~.runner.StepRunner` runs :class:`~.runner.WholeStep` (model, processors, selection, parent index) up
+   to the length limit: on CUDA captured once and replayed; elsewhere eagerly, the same Python;
+4. the host reads the device's ``[going, failed]`` flags every :data:`CHECK_EVERY` steps on CUDA (every step
+   elsewhere, where a read costs nothing), so a search may run a few steps past its end: a finished example's
+   pool and a finished row no longer change, so the result is the same;
+5. the result is the eager search's :class:`~beamsearch.SearchResult` for the call's examples.
+
+Legend: B examples of the call, B' the bucket, K rows per example, N = B'*K, t0 start tokens, L = max_length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..adapters.hf_gpt2 import LeanGPT2State, lean_gpt2_reason
+from ..adapters.hf_llama import LeanLlamaState, lean_llama_reason
+from ..adapters.hf_t5 import lean_t5_reason
+from ..options import SearchOptions
+from ..processors import build_processors
+from ..results import SearchResult
+from ..stopping import build_stopping_criteria
+from ..strategies.base import StepTrace
+from ..strategies.registry import Request, check
+from ..strategies.score_checks import check_enough_hypotheses
+from .beam import GraphBeamSearch
+from .buckets import bucket_size, pad_examples, real_examples
+from .eligibility import check_graph_call
+from .gpt2 import GraphGPT2
+from .greedy import GraphGreedy
+from .llama import GraphLlama
+from .processors import graph_processors
+from .runner import StepRunner, WholeStep
+from .t5 import GraphT5
+
+CHECK_EVERY = 4  # CUDA: steps between two reads of the device's flags
+
+
+def graph_search(model: Any, setup: dict[str, Any], config: Any, options: SearchOptions, fill_token_id: int, *,
+                 logits_processor: Any = (), stopping_criteria: Any = (), arguments: dict[str, Any] | None = None,
+                 step_options: dict[str, Any] | None = None, capture: bool | None = None) -> SearchResult:
+    """Decode one call with the whole step captured (CUDA) or run eagerly (elsewhere).
+
+    Args:
+        model: a Hugging Face T5, GPT-2 or Llama model that the lean step runs.
+        setup: ``hf_inputs.prepare``'s output (``input_ids [B, t0]``, ``model_kwargs``, ...).
+        config: the call's generation config.
+        options: the search options.
+        fill_token_id: what returned sequences are filled with.
+        logits_processor, stopping_criteria, arguments, step_options: the call's other arguments, refused where
+            the graph path cannot run them (``eligibility.check_graph_call``).
+        capture: capture a CUDA graph; default: on a CUDA device.
+
+    Raises:
+        ValueError: an option or argument the graph path cannot run, or a model without a lean step (named).
+        SearchError: a step's scores held NaN (named by step and example), or too many beams for the vocabulary.
+    """
+    check_graph_call(options, arguments or {}, step_options or {}, logits_processor, stopping_criteria)
+    input_ids = setup["input_ids"]
+    examples, t0 = input_ids.shape
+    rows = options.num_beams if options.num_beams > 1 else options.num_return_sequences
+    max_length = options.resolved_max_length(t0)
+    processors = build_processors(options, t0)
+    criteria = build_stopping_criteria(options, t0)
+    check(Request(input_ids, options, max_length, processors, criteria, fill=fill_token_id,
+                  trace=StepTrace(False, False), rows=rows, removal=False))
+    bucket = bucket_size(examples)
+    state = model_state(model, setup, config, rows, max_length, bucket)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if options.num_beams > 1:
+        check_enough_hypotheses(rows, options.num_return_sequences, vocab, options.eos_token_id, max_length - t0)
+    search = _strategy(options, pad_examples(input_ids, bucket), rows, max_length, fill_token_id,
+                       graph_processors(processors, vocab, input_ids.device), real_examples(examples, bucket,
+                                                                                            input_ids.device))
+    if capture is None:
+        capture = input_ids.device.type == "cuda"
+    run_steps(state, search, max_length - t0, capture)
+    return search.result(examples)
+
+
+def _strategy(options: SearchOptions, input_ids: torch.Tensor, rows: int, max_length: int, fill: int,
+              processors: list, real: torch.Tensor) -> Any:
+    if options.num_beams > 1:
+        return GraphBeamSearch(input_ids, rows, max_length, processors, eos_token_id=options.eos_token_id,
+                               fill_token_id=fill, length_penalty=options.length_penalty,
+                               early_stopping=options.early_stopping,
+                               num_return_sequences=options.num_return_sequences, real=real)
+    return GraphGreedy(input_ids, rows, max_length, processors, eos_token_id=options.eos_token_id,
+                       pad_token_id=fill, length_penalty=options.length_penalty, real=real)
+
+
+def run_steps(state: Any, search: Any, steps: int, capture: bool) -> int:
+    """Run up to ``steps`` whole steps (the first from the prompt's logits where the state has them); returns how
+    many ran. Reads the flags every :data:`CHECK_EVERY` steps when capturing, else every step, and after the last.
+
+    Raises:
+        SearchError: from the flags (a step's scores held NaN).
+    """
+    done, going = 0, steps > 0
+    first = getattr(state, "first_logits", None)
+    if first is not None and going:  # decoder-only: the prompt's logits make the first step (eagerly)
+        parents = search.select(first)
+        if parents is not None:
+            state.reorder(parents)
+        done, going = 1, search.flags.read()
+    runner = StepRunner(WholeStep(state, search), capture)
+    every = CHECK_EVERY if capture else 1
+    while going and done < steps:
+        runner()
+        done += 1
+        if done % every == 0 or done == steps:
+            going = search.flags.read()
+    return done
+
+
+def model_state(model: Any, setup: dict[str, Any], config: Any, rows: int, max_length: int, bucket: int) -> Any:
+    """The graph-safe model state of the call, for a bucket of ``bucket`` examples of ``rows`` rows each.
+
+    Raises:
+        ValueError: the model is not one the graph path runs, or this call is not one its lean step takes (why).
+    """
+    kwargs, input_ids = setup["model_kwargs"], setup["input_ids"]
+    model_type = getattr(model.config, "model_type", None)
+    if model_type == "gpt2":
+        reason = lean_gpt2_reason(model, kwargs, False)
+        if reason is None:
+            lean = LeanGPT2State(model, kwargs, config, input_ids.shape[1] + 1)
+            return GraphGPT2(lean, input_ids, bucket, rows, max(max_length, input_ids.shape[1] + 1))
+    elif model_type == "llama":
+        reason = lean_llama_reason(model, kwargs, False)
+        if reason is None:
+            lean = LeanLlamaState(model, kwargs, config, input_ids.shape[1] + 1)
+            return GraphLlama(lean, input_ids, bucket, rows, max(max_length, input_ids.shape[1] + 1))
+    else:
+        reason = lean_t5_reason(model, kwargs, False)
+        if reason is None:
+            hidden = pad_examples(kwargs["encoder_outputs"].last_hidden_state, bucket)
+            state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows,
+                            max(max_length, input_ids.shape[1]))
+            state.prime(pad_examples(input_ids, bucket))
+            return state
+    raise ValueError(f"cuda_graphs=True runs T5, GPT-2 and Llama models through a graph-safe step, which cannot run "
+                     f"this call: {reason}")
