@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         perf.add_argument("--fast", action="store_true", help="T5 models (the embedded one too): the fast step "
                           "(packed weights, oneDNN products, its own attention; equal to float rounding, not "
                           "bit for bit; lean_step='fast', docs/performance.md)")
+        perf.add_argument("--cuda-graphs", action="store_true", help="each decoding step captured once in a CUDA "
+                          "graph and replayed (greedy and beam search; T5, GPT-2 and Llama models; equal to float "
+                          "rounding; on a CPU the same step runs uncaptured; cuda_graphs=True, docs/usage.md)")
         io.add_argument("--max-input-length", type=int, help="most input tokens, at most the model's limit "
                         "(default: the model's limit)")
         io.add_argument("--on-long", choices=("truncate", "skip", "error"), default="truncate",
@@ -245,4 +248,6 @@ def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     out["early_stopping"] = args.early_stopping
     if getattr(args, "fast", False):
         out["lean_step"] = "fast"
+    if getattr(args, "cuda_graphs", False):
+        out["cuda_graphs"] = True
     return {k: v for k, v in out.items() if v is not None}

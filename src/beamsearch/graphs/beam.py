@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..beams import flat_parent_rows, gather_beams
+from ..beams import flat_parent_rows, flatten_beams, gather_beams
 from ..results import SearchResult
 from ..strategies.base import MASK, StepTrace
 from ..strategies.pool import Hypotheses, first_live
@@ -86,7 +86,8 @@ class GraphBeamSearch:
         """One step on the step's logits ``[N, V]`` (float32); returns the flat parent row of each new beam ``[N]``."""
         b, k, length = self.can_improve.shape[0], self.rows_per_example, self.length
         active = ~self.done()  # [B] examples the eager search would still decode
-        log_probs = run_graph_processors(self.processors, torch.log_softmax(logits, dim=-1), length)  # [N, V]
+        log_probs = run_graph_processors(self.processors, torch.log_softmax(logits, dim=-1),
+                                         flatten_beams(self.live.tokens), length)  # [N, V]
         vocab = log_probs.shape[-1]
         totals = (log_probs.view(b, k, vocab) + self.live.scores[:, :, None]).view(b, k * vocab)  # [B, K*V]
         scores, flat = torch.topk(totals, self.num_candidates)  # [B, C]

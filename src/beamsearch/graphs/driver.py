@@ -72,11 +72,12 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
     examples, t0 = input_ids.shape
     rows = options.num_beams if options.num_beams > 1 else options.num_return_sequences
     max_length = options.resolved_max_length(t0)
-    processors = build_processors(options, t0)
+    bucket = bucket_size(examples)
+    source_lengths = pad_examples(setup["source_lengths"], bucket).repeat_interleave(rows)  # [N]
+    processors = build_processors(options, t0, source_lengths=source_lengths)
     criteria = build_stopping_criteria(options, t0)
     check(Request(input_ids, options, max_length, processors, criteria, fill=fill_token_id,
                   trace=StepTrace(False, False), rows=rows, removal=False))
-    bucket = bucket_size(examples)
     state = model_state(model, setup, config, rows, max_length, bucket)
     vocab = model.get_output_embeddings().weight.shape[0]
     if options.num_beams > 1:

@@ -30,9 +30,6 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "encoder_repetition_penalty": (1.0, "its processor is not captured"),
     "encoder_no_repeat_ngram_size": (0, "its processor builds n-gram tables on the host"),
     "bad_words_ids": (None, "its processor matches token sequences of a growing length"),
-    "loop_guard": (0, "its processor reads the tokens so far"),
-    "max_len_a": (0.0, "source-tied limits are not captured"),
-    "max_len_b": (None, "source-tied limits are not captured"),
     "coverage_penalty": ("none", "attention outputs are not captured"),
 }
 # search arguments (beamsearch.generate's keywords) -> why

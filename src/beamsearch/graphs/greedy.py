@@ -65,7 +65,7 @@ class GraphGreedy:
         rows, length = self.live, self.length
         b = rows.running.shape[0]
         running = rows.running.reshape(-1)  # [N]
-        scores = run_graph_processors(self.processors, logits, length)  # [N, V]
+        scores = run_graph_processors(self.processors, logits, flatten_beams(rows.tokens), length)  # [N, V]
         best, next_tokens = scores.max(dim=-1)  # [N], the argmax as the eager search takes it
         if self.eos is not None:
             next_tokens = torch.where(running, next_tokens, self.pad_token_id)
