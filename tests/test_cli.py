@@ -197,7 +197,7 @@ def test_resume_after_interruption(tmp_path, fmt, capsys, monkeypatch):
     # as if killed in the middle of writing a record: half of the last line
     partial.write_bytes(written[: -max(1, len(written.splitlines()[-1]) // 2)])
     assert main([*args, "--output", str(part), "--resume"]) == 0
-    assert not partial.exists() and not (tmp_path / "part.resume.json").exists()
+    assert not partial.exists() and (tmp_path / "part.resume.json").exists()  # the complete output's fingerprint
     # the resumed inputs are batched differently: scores may differ in the last float digits
     assert_same_records(part.read_text(), data.decode(), fmt)
     # resuming a finished output changes nothing
@@ -263,7 +263,7 @@ def test_overwrite_keeps_the_old_file_until_the_new_one_is_complete(tmp_path, ca
     assert out.read_text() == "precious\n" * 15000
     assert main(["decode", f, "--output", str(out), "--overwrite"]) == 0
     assert len(out.read_text().splitlines()) == len(WORDS)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt", "out.txt.resume.json"]
 
 
 def test_sampling_is_seeded(tmp_path, capsys):

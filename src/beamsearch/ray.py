@@ -16,12 +16,11 @@ import time
 from typing import Any
 
 from .cli.inputs import CLIError, check_readable, scan_files
-from .cli.outputs import fingerprint, progress
-from .distributed.blocks import Block, BlockStore, read_blocks
+from .cli.outputs import check_complete, fingerprint, progress
+from .distributed.blocks import BLOCK_LAYOUT, Block, BlockStore, output_fingerprint, read_blocks
 from .distributed.workers import BlockDecoder, LineDecoder
 
 INSTALL = "pip install 'beamsearch[ray]'"
-BLOCK_LAYOUT = ("chunk_size", "batch_size", "batch_type")  # which lines share a model batch: in the fingerprint
 
 
 def require_ray() -> Any:
@@ -107,15 +106,17 @@ def decode_files(args: argparse.Namespace, kill: tuple[int, str] | None = None) 
                        "files in blocks; choose one")
     check_readable(args.files)
     refuse_order_dependent(args)
+    from .cli.flags import NOT_IN_FINGERPRINT
+
     store = BlockStore(args.output, args.format, resume=args.resume, overwrite=args.overwrite)
-    if store.complete_already:
+    files = scan_files(args.files) or []
+    blocks_fingerprint = fingerprint(args, files, tuple(k for k in NOT_IN_FINGERPRINT if k not in BLOCK_LAYOUT))
+    if store.complete_already:  # refused unless this command made it (here or in a single process)
+        check_complete(store.path, output_fingerprint(blocks_fingerprint))
         print(f"beamsearch: {args.output} is complete (no {store.folder.name}/ is left): nothing to resume",
               file=sys.stderr)
         return 0
-    from .cli.flags import NOT_IN_FINGERPRINT
-
-    files = scan_files(args.files) or []
-    store.start(fingerprint(args, files, tuple(k for k in NOT_IN_FINGERPRINT if k not in BLOCK_LAYOUT)))
+    store.start(blocks_fingerprint)
     try:
         blocks = list(read_blocks(args.files, args.chunk_size))
         pending = [b for b in blocks if b.number not in store.finished]

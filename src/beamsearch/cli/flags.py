@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--format", choices=FORMATS, default="text", help="text (best), tsv (n-best), jsonl (all)")
     io.add_argument("--output", "-o", help="write here (as FILE.partial, renamed when complete) instead of stdout")
     io.add_argument("--resume", action="store_true", help="continue the interrupted run's FILE.partial (same "
-                    "inputs and options)")
+                    "inputs and options); a complete FILE: nothing to do if this command made it, else refused")
     io.add_argument("--overwrite", action="store_true", help="replace an existing --output file once the new one "
                     "is complete")
     g["performance"].add_argument("--chunk-size", type=int, default=10000, help="lines read and sorted by length "

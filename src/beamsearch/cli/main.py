@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .flags import NOT_IN_FINGERPRINT, build_parser, validate
 from .inputs import CLIError, check_readable, chunks, read_lines, scan_files
-from .outputs import Output, fingerprint, format_record, progress
+from .outputs import Output, check_complete, fingerprint, format_record, progress
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,14 +66,15 @@ def run_decode(args: argparse.Namespace) -> int:
     if args.resume and (not args.files or "-" in args.files):
         raise CLIError("--resume needs input files: stdin cannot be checked against the interrupted run")
     out = Output(args.output, args.format, resume=args.resume, overwrite=args.overwrite)
-    if out.complete_already:
+    files = scan_files(args.files)  # None for stdin, which --output without --resume allows
+    if out.complete_already:  # refused unless this command made it
+        check_complete(out.path, fingerprint(args, files, NOT_IN_FINGERPRINT))
         print(f"beamsearch: {args.output} is complete (no {out.partial.name} is left): nothing to resume",
               file=sys.stderr)
         return 0
     m, options, limit = prepare_decode(args)
-    files = scan_files(args.files)  # None for stdin, which --output without --resume allows
     if args.output is not None:
-        out.start(fingerprint(args, files or [], NOT_IN_FINGERPRINT))
+        out.start(None if files is None else fingerprint(args, files, NOT_IN_FINGERPRINT))
     try:
         bar = progress(None if files is None else sum(f.lines for f in files), args.quiet, initial=out.done)
         for chunk, error in chunks(read_lines(args.files), args.chunk_size):

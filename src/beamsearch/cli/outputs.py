@@ -13,6 +13,7 @@ Every input gives one record, written in input order:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -73,10 +74,12 @@ class Output:
     A file output is written to ``PATH.partial`` next to it, one record at a time (each flushed to the operating
     system as it is written, so a killed process loses at most the record being written; fsynced at most once a
     second and at the end), and renamed to ``PATH`` only when every input is decoded: an existing ``PATH``
-    (``overwrite``) is untouched until then. ``PATH.resume.json`` beside the partial file holds the fingerprint
-    of the run (inputs, the options that change outputs, format, version); ``resume`` continues the partial
-    file only if the new run's fingerprint is the same, after cutting off a partly written last record.
-    Nothing is created before :meth:`start` (called once the model has loaded), so a failed load leaves no file.
+    (``overwrite``) is untouched until then. ``PATH.resume.json`` beside it holds the fingerprint of the run
+    (inputs, the options that change outputs, format, version); ``resume`` continues the partial file only if
+    the new run's fingerprint is the same, after cutting off a partly written last record. It stays beside the
+    complete ``PATH`` with ``PATH``'s SHA-256 added, so that ``resume`` of a complete output is accepted (nothing
+    to do) only when the same command made it (:func:`check_complete`). Nothing is created before :meth:`start`
+    (called once the model has loaded), so a failed load leaves no file.
     """
 
     def __init__(self, path: str | None, fmt: str, resume: bool = False, overwrite: bool = False):
@@ -84,6 +87,7 @@ class Output:
         self.fmt = fmt
         self.resume = resume
         self.done = 0
+        self.fingerprint: dict[str, Any] | None = None
         self.stream: TextIO | None = None
         self.last_sync = 0.0
         if self.path is None:
@@ -92,18 +96,21 @@ class Output:
             self.stream = sys.stdout
             return
         self.partial = self.path.with_name(self.path.name + ".partial")
-        self.sidecar = self.path.with_name(self.path.name + ".resume.json")
+        self.sidecar = fingerprint_file(self.path)
         check_output_path(path, self.partial, self.partial.name, resume, overwrite)
 
     @property
     def complete_already(self) -> bool:
-        """``--resume`` of a run that finished: ``PATH`` exists and no partial file is left."""
-        return self.resume and self.path is not None and self.path.exists() and not self.partial.exists()
+        """``--resume`` of a run that finished: ``PATH`` is there and no partial file is left (then
+        :func:`check_complete` says whether the same command made it)."""
+        return self.resume and self.path is not None and is_complete(self.path, self.partial)
 
-    def start(self, fingerprint: dict[str, Any]) -> None:
-        """Open the partial file (new, or continued after checking ``fingerprint`` with ``resume``)."""
+    def start(self, fingerprint: dict[str, Any] | None) -> None:
+        """Open the partial file (new, or continued after checking ``fingerprint`` with ``resume``); None (stdin,
+        which cannot be resumed): no fingerprint is kept."""
         if self.path is None:
             return
+        self.fingerprint = fingerprint
         try:
             if self.resume and self.partial.exists():
                 check_fingerprint(self.sidecar, fingerprint)
@@ -111,7 +118,8 @@ class Output:
                 self.stream = self.partial.open("a", encoding="utf-8", newline="\n")
             else:
                 self.stream = self.partial.open("w", encoding="utf-8", newline="\n")
-                _write_json(self.sidecar, fingerprint)
+                if fingerprint is not None:
+                    _write_json(self.sidecar, fingerprint)
         except OSError as e:
             raise CLIError(f"--output {self.path}: cannot be written ({e.strerror})", status=1) from None
 
@@ -134,16 +142,17 @@ class Output:
         self.last_sync = time.monotonic()
 
     def finish(self) -> None:
-        """Every input is decoded: make ``PATH`` the complete output, atomically."""
+        """Every input is decoded: make ``PATH`` the complete output, atomically, its fingerprint kept beside it."""
         if self.path is None:
             self.stream.flush()
             return
         try:
             self.sync()
             self.stream.close()
+            if self.fingerprint is not None:
+                record_complete(self.path, self.fingerprint, self.partial)
             os.replace(self.partial, self.path)
             sync_directory(self.path.parent)
-            self.sidecar.unlink(missing_ok=True)
         except OSError as e:
             raise self._write_error(e) from None
 
@@ -180,31 +189,92 @@ def fingerprint(args: Any, inputs: list[InputFile], skip: tuple[str, ...]) -> di
     return {"beamsearch": __version__, "inputs": files, "options": json.loads(json.dumps(options, default=str))}
 
 
+def fingerprint_file(output: Path) -> Path:
+    """Where the fingerprint of the run writing ``output`` is kept: ``OUTPUT.resume.json`` beside it."""
+    return output.with_name(output.name + ".resume.json")
+
+
+def fingerprint_difference(have: dict[str, Any], want: dict[str, Any], whose: str) -> str | None:
+    """What differs between the fingerprint ``have`` (``whose``: which run's, e.g. "the interrupted run's") and
+    this run's ``want``, as a phrase naming it: version, input files, or each changed option (old -> new)."""
+    if have.get("beamsearch") != want["beamsearch"]:
+        return f"the beamsearch versions differ from {whose} ({have.get('beamsearch')} -> {want['beamsearch']})"
+    if have.get("inputs") != want["inputs"]:
+        return f"the input files differ from {whose} (names or contents)"
+    old, new = have.get("options", {}), want["options"]
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed:
+        shown = ", ".join(f"--{k.replace('_', '-')} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+        return f"the options differ from {whose} ({shown})"
+    return None
+
+
 def check_fingerprint(sidecar: Path, want: dict[str, Any]) -> None:
+    """``--resume`` of an interrupted run: refused unless its fingerprint (``sidecar``) is this run's."""
     try:
         have = json.loads(sidecar.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise CLIError(f"--resume: {sidecar} is missing or unreadable, so the partial output cannot be checked "
                        "against this run; start over with --overwrite") from None
-    if have.get("beamsearch") != want["beamsearch"]:
-        raise CLIError(f"--resume: the partial output was written by beamsearch {have.get('beamsearch')}, this is "
-                       f"{want['beamsearch']}; start over with --overwrite")
-    if have.get("inputs") != want["inputs"]:
-        raise CLIError("--resume: the input files differ from the interrupted run's (names or contents); resume "
-                       "with the same inputs or start over with --overwrite")
-    old, new = have.get("options", {}), want["options"]
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    if changed:
-        shown = ", ".join(f"--{k.replace('_', '-')} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
-        raise CLIError(f"--resume: options differ from the interrupted run's ({shown}); resume with the same "
-                       "options or start over with --overwrite")
+    difference = fingerprint_difference(have, want, "the interrupted run's")
+    if difference:
+        raise CLIError(f"--resume: {difference}; resume with the same inputs and options, or start over with "
+                       "--overwrite")
+
+
+def is_complete(output: Path, leftover: Path) -> bool:
+    """Whether ``output`` is a finished run's: it is there, no run left ``leftover`` (its ``.partial`` file or
+    ``.blocks/`` directory), and it is not an empty file without a fingerprint (no output, as for
+    :func:`check_output_path`, e.g. a file the shell created)."""
+    if not output.exists() or leftover.exists():
+        return False
+    return output.stat().st_size > 0 or fingerprint_file(output).exists()
+
+
+def record_complete(output: Path, fingerprint: dict[str, Any], content: Path) -> None:
+    """Keep the fingerprint of the run that made ``output`` beside it, with the SHA-256 of ``content`` (the file
+    about to be renamed to ``output``), for :func:`check_complete`."""
+    _write_json(fingerprint_file(output), dict(fingerprint, output_sha256=file_sha256(content)))
+
+
+def check_complete(output: Path, want: dict[str, Any]) -> None:
+    """``--resume`` of a complete output: accepted (nothing to do) only when this run's fingerprint ``want`` made
+    it, as the fingerprint kept beside it says, and it is still the file that fingerprint was written for."""
+    sidecar = fingerprint_file(output)
+    advice = "replace it with --overwrite instead of --resume, or remove it"
+    try:
+        have = json.loads(sidecar.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CLIError(f"--resume: {output} is complete but has no fingerprint ({sidecar.name}; made by hand, from "
+                       f"stdin or by an older beamsearch), so it cannot be checked against this command; "
+                       f"{advice}") from None
+    except (OSError, ValueError):
+        raise CLIError(f"--resume: {output} is complete but its fingerprint {sidecar.name} is unreadable, so it "
+                       f"cannot be checked against this command; {advice}") from None
+    difference = fingerprint_difference(have, want, "those it was made with")
+    if difference:
+        raise CLIError(f"--resume: {output} is complete, but {difference}; {advice}")
+    if have.get("output_sha256") != file_sha256(output):
+        raise CLIError(f"--resume: {output} is not the file {sidecar.name} fingerprints (it was changed or replaced "
+                       f"after that run, or that run did not finish); {advice}")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with path.open("w", encoding="utf-8") as f:
+    """Write ``path`` whole or not at all: a temporary file, fsynced, renamed over it."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(temporary, path)
 
 
 def sync_directory(folder: Path) -> None:

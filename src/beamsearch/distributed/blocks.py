@@ -6,7 +6,8 @@ file (``FILE.blocks/block-000003.tsv``, written to a temporary name and renamed)
 ``FILE.blocks/manifest.json`` (rewritten to a temporary name and renamed, so it is always either the old or the new
 list). A rerun with ``resume`` decodes only the blocks the manifest does not list, after checking that its
 fingerprint (inputs, options, block size) is the one the manifest was written for. When every block is there they
-are joined in input order into ``FILE`` (written beside it and renamed), and the directory is removed.
+are joined in input order into ``FILE`` (written beside it and renamed), the complete output's fingerprint is kept
+in ``FILE.resume.json`` as the single process keeps it, and the directory is removed.
 """
 
 from __future__ import annotations
@@ -21,9 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from ..cli.inputs import CLIError, Line, chunks, read_lines
-from ..cli.outputs import check_fingerprint, check_output_path, sync_directory
+from ..cli.outputs import check_fingerprint, check_output_path, is_complete, record_complete, sync_directory
 
 MANIFEST = "manifest.json"
+BLOCK_LAYOUT = ("chunk_size", "batch_size", "batch_type")  # which lines share a model batch: in the fingerprint
+
+
+def output_fingerprint(blocks_fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The complete output's fingerprint: the blocks' without their layout, which does not change the output
+    (the single process's fingerprint of the same command)."""
+    options = {k: v for k, v in blocks_fingerprint.get("options", {}).items() if k not in BLOCK_LAYOUT}
+    return dict(blocks_fingerprint, options=options)
 
 
 @dataclass(frozen=True)
@@ -66,8 +75,9 @@ class BlockStore:
 
     @property
     def complete_already(self) -> bool:
-        """``resume`` of a run that finished: ``FILE`` exists and no block directory is left."""
-        return self.resume and self.path.exists() and not self.folder.exists()
+        """``resume`` of a run that finished: ``FILE`` is there and no block directory is left (then
+        :func:`~beamsearch.cli.outputs.check_complete` says whether the same command made it)."""
+        return self.resume and is_complete(self.path, self.folder)
 
     def start(self, fingerprint: dict[str, Any]) -> None:
         """Read the manifest of the run to continue (``resume``, same fingerprint) or start an empty one."""
@@ -104,7 +114,8 @@ class BlockStore:
                            "make room and continue with --resume", status=1) from None
 
     def assemble(self, blocks: int) -> None:
-        """Join blocks ``0 .. blocks-1`` in order into ``FILE`` (atomically) and remove the block directory."""
+        """Join blocks ``0 .. blocks-1`` in order into ``FILE`` (atomically), keep its fingerprint beside it
+        (:func:`output_fingerprint`) and remove the block directory."""
         missing = [n for n in range(blocks) if n not in self.finished]
         if missing:
             raise CLIError(f"blocks {missing[:5]} are not finished; continue with --resume", status=1)
@@ -116,6 +127,7 @@ class BlockStore:
                         shutil.copyfileobj(block, out)
                 out.flush()
                 os.fsync(out.fileno())
+            record_complete(self.path, output_fingerprint(self.fingerprint), joined)
             os.replace(joined, self.path)
             sync_directory(self.path.parent)
             shutil.rmtree(self.folder)
