@@ -72,6 +72,7 @@ TOOLKIT_OPTIONS = (
     "exact_search",
     "max_nodes",
     "loop_guard",
+    "hf_release",
 )
 # What each semantics preset sets for the options the caller leaves unset (None): that toolkit's defaults.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -163,6 +164,9 @@ class SearchOptions:
     max_len_b: int | None = None
     block_ngram_repeat: int = 0  # OpenNMT n-gram blocking (with ignore_when_blocking exclusions)
     ignore_when_blocking: tuple[int, ...] = ()
+    # which transformers release semantics="hf" follows where releases differ (docs/usage.md lists where): (major,
+    # minor), e.g. (4, 57); None: the newest tested. The Hugging Face adapter sets the installed release.
+    hf_release: tuple[int, int] | None = None
 
     @classmethod
     def create(cls, **kwargs: Any) -> SearchOptions:
@@ -307,6 +311,10 @@ class SearchOptions:
             return prompt_length + self.max_new_tokens
         return self.max_length
 
+    def hf_at_least(self, major: int, minor: int) -> bool:
+        """Whether the transformers semantics followed are those of release ``major.minor`` or a later one."""
+        return self.hf_release is None or self.hf_release >= (major, minor)
+
     @property
     def output_fill_token(self) -> int:
         """The token that pads finished and shorter hypotheses in the returned sequences."""
@@ -350,6 +358,18 @@ def _as_tuple(value: Any) -> tuple[int, ...] | None:
     return tuple(value)
 
 
+def _release(value: Any) -> tuple[int, int]:
+    """``"5.23"``, ``"5.23.0"``, ``(5, 23)``: the (major, minor) of a transformers release."""
+    parts = value.split(".")[:2] if isinstance(value, str) else list(value)[:2] if isinstance(value, Sequence) else ()
+    try:
+        release = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        release = ()
+    if len(release) != 2 or min(release) < 0:
+        raise ValueError(f"hf_release must be a transformers release such as '5.23' or (5, 23), got {value!r}")
+    return release
+
+
 def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     """Turn the list-or-int forms Hugging Face accepts into tuples (the record is frozen and hashable)."""
     for name in ("eos_token_id", "suppress_tokens", "begin_suppress_tokens", "forced_eos_token_id"):
@@ -362,6 +382,8 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(words, Sequence) or isinstance(words, (str, bytes)):
             raise ValueError(f"bad_words_ids must be a list of lists of token ids, got {words!r}")
         values["bad_words_ids"] = tuple(_as_tuple(w) if not isinstance(w, int) else (w,) for w in words)
+    if values.get("hf_release") is not None:
+        values["hf_release"] = _release(values["hf_release"])
     if isinstance(values.get("stop_strings"), str):
         values["stop_strings"] = (values["stop_strings"],)
     elif values.get("stop_strings") is not None:

@@ -21,6 +21,7 @@ from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
 from ..streaming import streamer_listener
 from .fast_t5 import fast_encoder
+from .hf_compat import generation_config_for
 from .hf_inputs import REJECTED_ARGUMENTS, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
@@ -160,7 +161,7 @@ def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stop
     if set(per_example) - {"attention_mask"}:
         raise ValueError(f"max_rows supports input_ids and attention_mask, not {sorted(set(per_example))}")
     probe = {k: v for k, v in kwargs.items() if k not in TOOLKIT_OPTIONS and not isinstance(v, torch.Tensor)}
-    config, _ = model._prepare_generation_config(generation_config, **probe)
+    config = generation_config_for(model, generation_config, probe)
     if config.return_dict_in_generate and (config.output_scores or config.output_logits):
         raise ValueError("max_rows cannot be combined with output_scores / output_logits (per-step tensors)")
     semantics = kwargs.get("semantics") or "hf"

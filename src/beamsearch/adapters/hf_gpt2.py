@@ -4,7 +4,7 @@ preallocated time-major cache.
 The generic Hugging Face step calls ``model(...)`` once per step; for GPT-2 on CPU much of the time outside
 the matrix products goes to the ``DynamicCache`` (``torch.cat`` copies the whole cache of every layer at every
 step) and to the beam reorder (which copies it again, prompt included). This step runs the prompt once per
-example through the model's own forward (``model._prefill``, as the generic step does), copies the cache it
+example through the model's own forward (``hf_compat.prefill``, as the generic step does), copies the cache it
 leaves into buffers of its own, and from then on calls the blocks' modules directly:
 
 - keys and values are preallocated time-major (``[T, N, H, d]`` per layer): a step writes one slice, and the

@@ -4,7 +4,7 @@ preallocated time-major cache.
 The generic Hugging Face step calls ``model(...)`` once per step; on CPU much of the time outside the matrix
 products goes to the ``DynamicCache`` (``torch.cat`` copies the whole cache of every layer at every step), to the
 beam reorder (which copies it again, prompt included) and to building the attention mask. This step runs the
-prompt once per example through the model's own forward (``model._prefill``, as the generic step does), copies
+prompt once per example through the model's own forward (``hf_compat.prefill``, as the generic step does), copies
 the cache it leaves into buffers of its own, and from then on calls the decoder layers' modules directly
 (embedding, rotary embedding, RMS norms, projections, ``apply_rotary_pos_emb`` of the model's module, MLP):
 

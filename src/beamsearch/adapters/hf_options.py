@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from ..options import TOOLKIT_OPTIONS, SearchOptions, apply_preset
+from .hf_compat import special_token, version
 
 _SEARCH_FIELDS = tuple(f.name for f in dataclasses.fields(SearchOptions))
 
@@ -46,9 +47,11 @@ def options_from_config(
     values.update(toolkit or {})
     if default_max_length and values.get("max_new_tokens") is None and values.get("semantics") not in (None, "hf"):
         values["max_length"] = None  # transformers' default limit gives way to the toolkit preset's
-    values["eos_token_id"] = _token_list(config._eos_token_tensor)
-    values["pad_token_id"] = _token_int(config._pad_token_tensor)
-    values["bos_token_id"] = _token_int(config._bos_token_tensor)
+    values["eos_token_id"] = _token_list(special_token(config, "eos"))
+    values["pad_token_id"] = _token_int(special_token(config, "pad"))
+    values["bos_token_id"] = _token_int(special_token(config, "bos"))
+    if values.get("hf_release") is None:
+        values["hf_release"] = version()[:2]  # the installed release's semantics where releases differ
     apply_preset(values)
     if values.get("max_length") is None:
         values["max_length"] = config.max_length

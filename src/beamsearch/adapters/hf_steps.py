@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import hf_compat
 from .fast_t5 import FastT5State, fast_t5_reason
 from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
 from .hf_llama import LeanLlamaState, lean_llama_reason, lean_llama_step
@@ -85,15 +86,11 @@ def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState
         if expansion is not None:
             first = torch.searchsorted(expansion, torch.arange(int(expansion.max()) + 1, device=expansion.device))
             tokens = tokens.index_select(0, first)  # one row per example
-        outputs = model._prefill(tokens, state.generation_config, kwargs)
+        outputs = hf_compat.prefill(model, tokens, state.generation_config, kwargs)
         state.prefilled = True
     else:
-        next_length = 1 if kwargs.get("use_cache", True) else None
-        inputs = model.prepare_inputs_for_generation(tokens, next_sequence_length=next_length, **kwargs)
-        outputs = model(**inputs, return_dict=True)
-    state.model_kwargs = model._update_model_kwargs_for_generation(
-        outputs, kwargs, is_encoder_decoder=model.config.is_encoder_decoder
-    )
+        outputs = hf_compat.next_step(model, tokens, kwargs)
+    state.model_kwargs = hf_compat.update_kwargs(model, outputs, kwargs)
     logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=tokens.device)  # [rows, V]
     attention = None
     if state.return_attention:

@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 
+from . import hf_compat
 from .lean_cache import TimeMajorCache
 
 # model_kwargs the lean decoder-only steps understand (anything else given makes them step aside)
-KNOWN_KWARGS = ("attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep")
+KNOWN_KWARGS = ("attention_mask", "position_ids", "past_key_values", "cache", "use_cache", "logits_to_keep")
 
 
 def call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
@@ -35,7 +36,7 @@ def call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool)
     mask = model_kwargs.get("attention_mask")
     if mask is not None and mask.dim() != 2:
         return f"a {mask.dim()}-d attention_mask (the lean step takes a 2-d padding mask)"
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get(hf_compat.cache_keyword())
     if cache is not None and (type(cache) is not DynamicCache or cache.get_seq_length() > 0):
         return "past_key_values holds a cache to continue from"
     return None
@@ -58,7 +59,7 @@ class LeanDecoderState:
     def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, max_length: int, *,
                  cache_heads: int, head_size: int, dtype: torch.dtype, fixed_shape: bool = False):
         self.model = model
-        self.model_kwargs = model_kwargs  # for the prefill only (model._prefill, as the generic step)
+        self.model_kwargs = model_kwargs  # for the prefill only (hf_compat.prefill, as the generic step)
         self.generation_config = generation_config
         self.cache_heads, self.head_size, self.dtype = cache_heads, head_size, dtype
         self.sdpa = model.config._attn_implementation == "sdpa"
@@ -125,8 +126,8 @@ class LeanDecoderState:
         examples = int(expansion.max()) + 1
         first = torch.searchsorted(expansion, torch.arange(examples, device=expansion.device))
         kwargs = self.model_kwargs
-        outputs = self.model._prefill(tokens.index_select(0, first), self.generation_config, kwargs)
-        cache = outputs.past_key_values
+        outputs = hf_compat.prefill(self.model, tokens.index_select(0, first), self.generation_config, kwargs)
+        cache = hf_compat.output_cache(outputs)
         self.prompt_length = tokens.shape[1]
         shape = (max(self.max_length, self.prompt_length + 1), rows, self.cache_heads, self.head_size)
 

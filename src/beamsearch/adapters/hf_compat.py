@@ -1,0 +1,234 @@
+"""Every use of transformers' private generation API, each with the releases it applies to.
+
+The adapter reproduces ``model.generate`` of the installed transformers release. Its input preparation goes
+through ``generate`` itself (public: ``custom_generate=`` takes a callable, 4.57 and every 5.x release), so each
+release prepares inputs in its own order with its own helpers; what is left private is the decoding loop's model
+calls (the prefill, the next step's inputs, the kwargs update) and a few attributes ``generate`` leaves on the
+generation config. Each function below names the releases of each of its branches; a branch is chosen by what the
+installed release has (a method, a parameter) where that shows it, else by the release number; the version table in
+:data:`BRANCHES` is checked against the installed release by ``tests/test_hf_compat.py``, which ``make
+test-transformers`` runs under every tested release (docs/testing.md).
+
+Tested releases: :data:`TESTED_RANGE` (docs/testing.md lists them); importing the adapter under another release
+warns once (:func:`warn_if_untested`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from typing import Any
+
+import torch
+
+# the oldest and newest releases the parity and exact-parity tests pass on (make test-transformers)
+TESTED_RANGE = ("4.57.0", "5.24.0")
+
+# branch -> the releases that take it (checked by tests/test_hf_compat.py against the installed release)
+BRANCHES = {
+    "prefill: model._prefill": ">= 5.0",
+    "prefill: cache positions + forward (no _prefill)": "4.57",
+    "next step: prepare_inputs_for_generation(next_sequence_length=)": ">= 5.17",
+    "next step: prepare_inputs_for_generation without next_sequence_length": "4.57 - 5.16",
+    "cache keyword: cache": ">= 5.24",
+    "cache keyword: past_key_values": "4.57 - 5.23",
+    "beam sampling: sampled candidates sorted by score": ">= 5.24",
+    "prefix_allowed_tokens_fn: batch_id = row // max(num_beams, num_return_sequences)": ">= 5.24",
+    "generation config: use_model_defaults parameter": "4.57",
+}
+
+
+def version() -> tuple[int, ...]:
+    """The installed transformers release as integers, e.g. (5, 24, 0)."""
+    import transformers
+
+    return _parse(transformers.__version__)
+
+
+def _parse(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if not piece.isdigit():  # 5.25.0.dev0, 5.25.0rc1: stop at the pre-release
+            break
+    return tuple(parts)
+
+
+@functools.lru_cache(maxsize=1)
+def warn_if_untested() -> None:
+    """Warn once when the installed transformers is outside :data:`TESTED_RANGE`."""
+    import transformers
+
+    installed = _parse(transformers.__version__)
+    low, high = (_parse(v) for v in TESTED_RANGE)
+    if not low <= installed[: len(high)] <= high:
+        warnings.warn(f"beamsearch's Hugging Face adapter is tested with transformers {TESTED_RANGE[0]} to "
+                      f"{TESTED_RANGE[1]}; transformers {transformers.__version__} is installed: generate() may fail "
+                      f"or differ from model.generate", UserWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------------------------- preparation
+
+
+class _Prepared(Exception):
+    """Raised by the capturing decoding method to leave ``generate`` with what it prepared (nothing decoded)."""
+
+    def __init__(self, captured: dict[str, Any]):
+        super().__init__("prepared")
+        self.captured = captured
+
+
+def prepare_with_generate(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What the installed release's ``generate`` prepares before it decodes, from ``generate`` itself.
+
+    ``custom_generate=`` given a callable (public API, 4.57 and every 5.x) makes ``generate`` run its whole
+    preparation (generation config, special tokens, masks, positions, the encoder, decoder start tokens, lengths,
+    the cache, the expansion to beams) and then call it as the decoding method; ours records its arguments and
+    leaves. Returns ``input_ids`` ``[B*E, t]``, ``inputs_tensor`` (the encoder's or prompt's ids ``[B, S]``),
+    ``generation_config`` and ``model_kwargs`` (expanded to ``E`` rows per example, as ``generate`` expands them).
+    """
+    from transformers import GenerationMixin
+
+    # generate drops a tokenizer given with custom_generate, so it would refuse stop strings: they are ours to apply
+    stop_strings = kwargs.get("stop_strings")
+    if stop_strings is None and any(getattr(c, "stop_strings", None) is not None
+                                    for c in (generation_config, model.generation_config) if c is not None):
+        probe = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor) and k != "encoder_outputs"}
+        stop_strings = generation_config_for(model, generation_config, probe).stop_strings
+    if stop_strings is not None:
+        kwargs = dict(kwargs, stop_strings=None)
+
+    def capture(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                inputs_tensor=None, **model_kwargs):
+        raise _Prepared({"input_ids": input_ids, "inputs_tensor": inputs_tensor,
+                         "generation_config": generation_config, "model_kwargs": model_kwargs})
+
+    # GenerationMixin's generate, not a model class's override of it (Whisper, MusicGen: another algorithm)
+    try:
+        GenerationMixin.generate(model, inputs, generation_config=generation_config, custom_generate=capture,
+                                 **kwargs)
+    except _Prepared as prepared:
+        if stop_strings is not None:
+            prepared.captured["generation_config"].stop_strings = stop_strings
+        return prepared.captured
+    raise RuntimeError("transformers' generate returned without calling its decoding method")
+
+
+def unexpand(model_kwargs: dict[str, Any], examples: int, rows: int) -> dict[str, Any]:
+    """``model_kwargs`` with one row per example again: ``generate`` repeats every row-indexed tensor (and the
+    encoder outputs) ``rows // examples`` times (``repeat_interleave``), so every ``E``-th row is the example's."""
+    if rows == examples:
+        return model_kwargs
+    every = rows // examples
+
+    def one_per_example(value: Any, key: str = "") -> Any:
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return value
+        dim = 1 if key == "position_ids" and value.dim() == 3 and value.shape[1] == rows else 0
+        if value.shape[dim] != rows:
+            return value
+        return value.index_select(dim, torch.arange(0, rows, every, device=value.device))
+
+    out = {}
+    for key, value in model_kwargs.items():
+        if key == "encoder_outputs" and value is not None and hasattr(value, "items"):
+            for name, tensor in list(value.items()):
+                value[name] = one_per_example(tensor)
+            out[key] = value
+        else:
+            out[key] = one_per_example(value, key)
+    return out
+
+
+def generation_config_for(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> Any:
+    """The merged generation config ``generate`` would use (without preparing inputs), for ``max_rows``'s probe.
+
+    ``_prepare_generation_config(generation_config, **kwargs)`` (5.0 and later); 4.57 takes ``use_model_defaults``
+    as its second parameter.
+    """
+    parameters = inspect.signature(model._prepare_generation_config).parameters
+    if "use_model_defaults" in parameters:  # 4.57
+        return model._prepare_generation_config(generation_config, None, **kwargs)[0]
+    return model._prepare_generation_config(generation_config, **kwargs)[0]
+
+
+def special_token(config: Any, name: str) -> torch.Tensor | None:
+    """``generate``'s resolved special token tensor (``eos``, ``pad``, ``bos``, ``decoder_start``): the private
+    attribute ``_{name}_token_tensor`` its ``_prepare_special_tokens`` sets (4.57 and every 5.x)."""
+    return getattr(config, f"_{name}_token_tensor", None)
+
+
+# ---------------------------------------------------------------------------------------------- the decoding loop
+
+
+def cache_keyword(model_kwargs: dict[str, Any] | None = None) -> str:
+    """The name of the cache among the model kwargs and outputs: ``cache`` (5.24 and later; ``past_key_values``
+    deprecated), ``past_key_values`` before."""
+    from transformers import GenerationMixin
+
+    if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters:
+        return "cache"
+    return "past_key_values"
+
+
+def output_cache(outputs: Any) -> Any:
+    """The cache a forward returned (``outputs.cache`` from 5.24, ``outputs.past_key_values`` before)."""
+    return outputs.get(cache_keyword()) if hasattr(outputs, "get") else getattr(outputs, cache_keyword())
+
+
+def prefill(model: Any, input_ids: torch.Tensor, generation_config: Any, model_kwargs: dict[str, Any]) -> Any:
+    """The first forward of the decoding loop, on the whole prompt, as the installed release runs it.
+
+    5.0 and later: ``model._prefill(input_ids, generation_config, model_kwargs)``. 4.57 (no ``_prefill``): the
+    loop's ``_get_initial_cache_position`` (it sets ``model_kwargs["cache_position"]`` in place), then the model on
+    ``prepare_inputs_for_generation``'s inputs.
+    """
+    if hasattr(model, "_prefill"):
+        return model._prefill(input_ids, generation_config, model_kwargs)
+    model._get_initial_cache_position(input_ids.shape[1], input_ids.device, model_kwargs)
+    inputs = model.prepare_inputs_for_generation(input_ids, **model_kwargs)
+    return model(**inputs, return_dict=True)
+
+
+def next_step(model: Any, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> Any:
+    """A later forward of the decoding loop (one new token per row with the cache).
+
+    5.17 and later: ``prepare_inputs_for_generation(input_ids, next_sequence_length=1 or None, ...)``; before, the
+    method derives the new positions from the cache position itself.
+    """
+    if "next_sequence_length" in _parameters(model.prepare_inputs_for_generation):
+        length = 1 if model_kwargs.get("use_cache", True) else None
+        inputs = model.prepare_inputs_for_generation(input_ids, next_sequence_length=length, **model_kwargs)
+    else:
+        inputs = model.prepare_inputs_for_generation(input_ids, **model_kwargs)
+    return model(**inputs, return_dict=True)
+
+
+def update_kwargs(model: Any, outputs: Any, model_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The loop's model kwargs after a forward (cache, masks, cache positions): ``_update_model_kwargs_for_generation``
+    (4.57 and every 5.x)."""
+    return model._update_model_kwargs_for_generation(outputs, model_kwargs,
+                                                     is_encoder_decoder=model.config.is_encoder_decoder)
+
+
+def _parameters(function: Any) -> Any:
+    return inspect.signature(function).parameters
+
+
+# ---------------------------------------------------------------------------------------------- search semantics
+
+
+def sorts_sampled_beams() -> bool:
+    """Whether beam sampling orders its sampled candidates by score before choosing the next beams (5.24 and later:
+    ``_get_top_k_continuations`` sorts them; before, they kept the order they were drawn in)."""
+    return version() >= (5, 24)
+
+
+def prefix_fn_rows_per_batch_id(num_beams: int, num_return_sequences: int) -> int:
+    """Rows per ``batch_id`` of ``prefix_allowed_tokens_fn``: ``max(num_beams, num_return_sequences)`` from 5.24 (one
+    batch id per example when sampling several sequences), ``num_beams`` before."""
+    return max(num_beams, num_return_sequences) if version() >= (5, 24) else num_beams
