@@ -119,8 +119,7 @@ class GraphBeamSearch:
         """Candidates that stopped among the first K enter the finished pool (in place)."""
         pool = self.finished
         just_finished = hits & self.top_k_mask[None, :]  # [B, C]
-        generated = self.length + 1 - self.prompt_length
-        penalised = candidates.scores / self.divisors[generated]
+        penalised = candidates.scores / self._divisor(self.length + 1 - self.prompt_length)
         pool_full = torch.all(pool.finished, dim=-1, keepdim=True) & (self.early_stopping is True)
         penalised += pool_full.to(torch.float32) * MASK
         penalised += (~self.can_improve).to(torch.float32) * MASK
@@ -143,11 +142,16 @@ class GraphBeamSearch:
         if self.early_stopping == "never" and self.length_penalty > 0.0:
             best_running = self.live.scores[:, :1] / ((self.max_length - self.prompt_length) ** self.length_penalty)
         else:
-            best_running = self.live.scores[:, :1] / self.divisors[self.length - self.prompt_length]
+            best_running = self.live.scores[:, :1] / self._divisor(self.length - self.prompt_length)
         pool = self.finished
         worst_finished = torch.where(pool.finished, torch.min(pool.scores, dim=1, keepdim=True)[0], MASK)
         improve = self.can_improve & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
         self.can_improve.copy_(improve)
+
+    def _divisor(self, generated: torch.Tensor) -> torch.Tensor:
+        """``[1]``: ``generated ** length_penalty`` from the table (``index_select``: indexing with a 0-d tensor
+        would read it on the host)."""
+        return self.divisors.index_select(0, generated.view(1))
 
     def result(self, examples: int) -> SearchResult:
         """The first ``examples`` examples' result, as the eager search returns it."""

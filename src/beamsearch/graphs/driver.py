@@ -12,8 +12,8 @@ driver replaces it for a call the graph path can run (``eligibility.py``):
 3. :class:`~.runner.StepRunner` runs :class:`~.runner.WholeStep` (model, processors, selection, parent index) up
    to the length limit: on CUDA captured once and replayed; elsewhere eagerly, the same Python;
 4. the host reads the device's ``[going, failed]`` flags every :data:`CHECK_EVERY` steps on CUDA (every step
-   elsewhere, where a read costs nothing), so a search may run a few steps past its end: a finished example's
-   pool and a finished row no longer change, so the result is the same;
+   elsewhere, where a read costs nothing: :data:`EAGER_CHECK_EVERY`), so a search may run a few steps past its
+   end: a finished example's pool and a finished row no longer change, so the result is the same;
 5. the result is the eager search's :class:`~beamsearch.SearchResult` for the call's examples.
 
 Legend: B examples of the call, B' the bucket, K rows per example, N = B'*K, t0 start tokens, L = max_length.
@@ -45,7 +45,8 @@ from .processors import graph_processors
 from .runner import StepRunner, WholeStep
 from .t5 import GraphT5
 
-CHECK_EVERY = 4  # CUDA: steps between two reads of the device's flags
+CHECK_EVERY = 4  # captured steps between two reads of the device's flags
+EAGER_CHECK_EVERY = 1  # uncaptured (a CPU): a read costs nothing there, so every step
 
 
 def graph_search(model: Any, setup: dict[str, Any], config: Any, options: SearchOptions, fill_token_id: int, *,
@@ -104,7 +105,8 @@ def _strategy(options: SearchOptions, input_ids: torch.Tensor, rows: int, max_le
 
 def run_steps(state: Any, search: Any, steps: int, capture: bool) -> int:
     """Run up to ``steps`` whole steps (the first from the prompt's logits where the state has them); returns how
-    many ran. Reads the flags every :data:`CHECK_EVERY` steps when capturing, else every step, and after the last.
+    many ran. Reads the flags every :data:`CHECK_EVERY` steps when capturing (else every :data:`EAGER_CHECK_EVERY`)
+    and after the last.
 
     Raises:
         SearchError: from the flags (a step's scores held NaN).
@@ -117,7 +119,7 @@ def run_steps(state: Any, search: Any, steps: int, capture: bool) -> int:
             state.reorder(parents)
         done, going = 1, search.flags.read()
     runner = StepRunner(WholeStep(state, search), capture)
-    every = CHECK_EVERY if capture else 1
+    every = CHECK_EVERY if capture else EAGER_CHECK_EVERY
     while going and done < steps:
         runner()
         done += 1
