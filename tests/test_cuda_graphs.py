@@ -318,3 +318,70 @@ def test_too_many_beams_for_the_vocabulary_is_a_search_error() -> None:
     with pytest.raises(SearchError, match="larger than the vocabulary size"):
         search_model(model, input_ids=ids, attention_mask=mask, max_new_tokens=1, num_beams=60,
                      num_return_sequences=60, cuda_graphs=True)
+
+
+@pytest.fixture
+def keeping(monkeypatch):
+    """Steps kept across calls as on CUDA (here uncaptured: the kept tensors are loaded and the same step runs)."""
+    from beamsearch.graphs import reuse
+
+    monkeypatch.setattr(driver, "keeps_steps", lambda capture: True)
+    reuse.release()
+    yield reuse
+    reuse.release()
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+def test_a_kept_step_serves_later_calls_of_the_same_shapes(keeping, name: str, beams: int) -> None:
+    """Other inputs of the same shapes are loaded into the kept step's tensors (the same addresses, which a graph
+    replays on): each call's result equals the lean path's on its own inputs; another batch size keeps another."""
+    model, ids, mask = model_and_inputs(name, 3)
+    _, other_ids, other_mask = model_and_inputs(name, 3, seed=SEEDS[name] + 10)
+    assert other_ids.shape == ids.shape and not torch.equal(other_ids, ids)
+    kwargs = dict(max_new_tokens=10, num_beams=beams, do_sample=False)
+    first = search_model(model, input_ids=ids, attention_mask=mask, cuda_graphs=True, **kwargs)
+    (kept,) = keeping._KEPT.values()
+    addresses = [t.data_ptr() for t in kept.step.static_tensors()]
+    second = search_model(model, input_ids=other_ids, attention_mask=other_mask, cuda_graphs=True, **kwargs)
+    third = search_model(model, input_ids=ids, attention_mask=mask, cuda_graphs=True, **kwargs)
+    assert keeping.kept_count() == 1 and [t.data_ptr() for t in kept.step.static_tensors()] == addresses
+    assert_same_search(search_model(model, input_ids=other_ids, attention_mask=other_mask, **kwargs), second)
+    assert_same_search(search_model(model, input_ids=ids, attention_mask=mask, **kwargs), first)
+    assert_same_search(first, third)
+    search_model(model, input_ids=ids[:2], attention_mask=mask[:2], cuda_graphs=True, **kwargs)  # bucket 2
+    assert keeping.kept_count() == 2
+
+
+def test_kept_steps_are_bounded_and_a_failed_call_drops_its_own(keeping, monkeypatch) -> None:
+    model, ids, mask = model_and_inputs("gpt2", 1)
+    monkeypatch.setattr(keeping, "MAX_KEPT", 3)
+    for new_tokens in range(2, 7):  # five lengths: five keys
+        search_model(model, input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, cuda_graphs=True)
+    assert keeping.kept_count() == 3
+    original = GraphT5.decode
+
+    def poisoned(self, tokens, position):
+        return original(self, tokens, position).masked_fill(position == 1, float("nan"))
+
+    monkeypatch.setattr(GraphT5, "decode", poisoned)
+    t5_model, t5_ids, t5_mask = model_and_inputs("t5", 2)
+    with pytest.raises(SearchError, match="at step 1"):
+        search_model(t5_model, input_ids=t5_ids, attention_mask=t5_mask, max_new_tokens=4, min_new_tokens=4,
+                     cuda_graphs=True)
+    assert keeping.kept_count() == 3 and all(kept.model is model for kept in keeping._KEPT.values())
+    keeping.release()
+    assert keeping.kept_count() == 0
+
+
+def test_a_kept_step_that_fails_is_dropped(keeping, monkeypatch) -> None:
+    model, ids, mask = model_and_inputs("t5", 2)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, cuda_graphs=True)
+    search_model(model, **kwargs)
+    assert keeping.kept_count() == 1
+    original = GraphT5.decode
+    monkeypatch.setattr(GraphT5, "decode", lambda self, tokens, position: original(self, tokens, position).masked_fill(
+        position == 2, float("nan")))
+    with pytest.raises(SearchError, match="at step 2"):
+        search_model(model, **kwargs)
+    assert keeping.kept_count() == 0

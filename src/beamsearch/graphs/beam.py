@@ -29,7 +29,7 @@ from ..results import SearchResult
 from ..strategies.base import MASK, StepTrace
 from ..strategies.pool import Hypotheses, first_live
 from ..strategies.score_checks import ScoreWatch
-from .processors import GraphProcessor, run_graph_processors
+from .processors import GraphProcessor, processor_tensors, run_graph_processors
 from .search_state import SearchFlags, stop_reasons
 
 
@@ -68,8 +68,10 @@ class GraphBeamSearch:
         self.flags = SearchFlags(b, device)
 
     def static_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the step reads or writes, in a fixed order (``reuse.py`` loads a call into kept ones)."""
         return [*self.live.fields.values(), *self.finished.fields.values(), self.can_improve, self.length,
-                *self.flags.static_tensors()]
+                *self.flags.static_tensors(), *processor_tensors(self.processors), self.top_k_mask, self.offsets,
+                self.divisors, *([] if self.eos is None else [self.eos])]
 
     def last_tokens(self) -> torch.Tensor:
         """``[N]``: each beam's last token, what the model is fed next."""

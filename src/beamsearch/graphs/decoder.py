@@ -31,26 +31,30 @@ class GraphDecoder:
         rows_per_example: K.
         capacity: T, positions (prompt included).
         layers, heads, head_size: the cache's L, G, d.
+        cache: a :class:`StaticCache` of these shapes to reuse (a kept graph's, ``reuse.py``), or None for a new one.
     """
 
     def __init__(self, lean_state: Any, prompt: torch.Tensor, examples: int, rows_per_example: int, capacity: int,
-                 *, layers: int, heads: int, head_size: int):
+                 *, layers: int, heads: int, head_size: int, cache: StaticCache | None = None):
         self.model = lean_state.model
         logits = lean_state.prefill(prompt)  # [B0, V] float32, one row per example
         length, device = lean_state.prompt_length, prompt.device
         index = padding_index(prompt.shape[0], examples, device)  # [B]
-        self.cache = StaticCache(layers, examples, capacity, rows_per_example, heads, head_size,
-                                 lean_state.cache.keys[0].dtype, device)
+        if cache is None:
+            cache = StaticCache(layers, examples, capacity, rows_per_example, heads, head_size,
+                                lean_state.cache.keys[0].dtype, device)
+        cache.reset()
+        self.cache = cache
         for layer in range(layers):  # the prompt's [P, B0, G, d] as [B, G, P, d]
             keys, values = (buffer[layer][:length].index_select(1, index).permute(1, 2, 0, 3)
                             for buffer in (lean_state.cache.keys, lean_state.cache.values))
             self.cache.fill_prompt(layer, keys, values)
         self.positions = lean_state.positions.index_select(0, index).repeat_interleave(rows_per_example)  # [N]
-        self.padding = _padding(lean_state.mask, length, index, capacity)  # [B, T] or None
+        self.padding = _padding(lean_state.mask, length, index, capacity)  # [B, T]
         self.first_logits = logits.index_select(0, index).repeat_interleave(rows_per_example, dim=0)  # [N, V]
 
     def static_tensors(self) -> list[torch.Tensor]:
-        return [*self.cache.static_tensors(), self.positions, *([] if self.padding is None else [self.padding])]
+        return [*self.cache.static_tensors(), self.positions, self.padding]
 
     def mask(self, position: torch.Tensor) -> torch.Tensor:
         """The step's attention mask ``[B, 1, K, T*K]`` (graph-safe; claims ``position`` for every row first)."""
@@ -67,14 +71,12 @@ class GraphDecoder:
         self.cache.reorder(parents)
 
 
-def _padding(mask: torch.Tensor | None, length: int, index: torch.Tensor, capacity: int) -> torch.Tensor | None:
+def _padding(mask: torch.Tensor | None, length: int, index: torch.Tensor, capacity: int) -> torch.Tensor:
     """BoolTensor ``[B, T]`` (True: a position may be attended to) from the lean state's mask over its cache
-    (``[B0, T']``: boolean for sdpa, additive for eager), or None when no prompt position is padding."""
-    if mask is None:
-        return None
-    prompt = mask[:, :length] if mask.dtype == torch.bool else mask[:, :length] == 0  # [B0, P]
-    if bool(prompt.all()):
-        return None
-    padding = torch.ones((index.shape[0], capacity), dtype=torch.bool, device=mask.device)
-    padding[:, :length] = prompt.index_select(0, index)
+    (``[B0, T']``: boolean for sdpa, additive for eager; None: no padding). Always a tensor, so that a captured
+    step is the same with and without padding."""
+    padding = torch.ones((index.shape[0], capacity), dtype=torch.bool, device=index.device)
+    if mask is not None:
+        prompt = mask[:, :length] if mask.dtype == torch.bool else mask[:, :length] == 0  # [B0, P]
+        padding[:, :length] = prompt.index_select(0, index)
     return padding

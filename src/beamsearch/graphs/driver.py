@@ -10,7 +10,9 @@ driver replaces it for a call the graph path can run (``eligibility.py``):
    decoder's start tokens run here, eagerly), and the strategy's pools (:class:`~.greedy.GraphGreedy`,
    :class:`~.beam.GraphBeamSearch`);
 3. :class:`~.runner.StepRunner` runs :class:`~.runner.WholeStep` (model, processors, selection, parent index) up
-   to the length limit: on CUDA captured once and replayed; elsewhere eagerly, the same Python;
+   to the length limit: on CUDA captured once and replayed; elsewhere eagerly, the same Python. A captured step is
+   kept for later calls of the same shapes and options (``reuse.py``): such a call loads its state into the kept
+   tensors and replays the kept graph;
 4. the host reads the device's ``[going, failed]`` flags every :data:`CHECK_EVERY` steps on CUDA (every step
    elsewhere, where a read costs nothing: :data:`EAGER_CHECK_EVERY`), so a search may run a few steps past its
    end: a finished example's pool and a finished row no longer change, so the result is the same;
@@ -42,6 +44,7 @@ from .gpt2 import GraphGPT2
 from .greedy import GraphGreedy
 from .llama import GraphLlama
 from .processors import graph_processors
+from .reuse import KeptStep, forget, keep, kept_step, load, reuse_key
 from .runner import StepRunner, WholeStep
 from .t5 import GraphT5
 
@@ -74,22 +77,45 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
     rows = options.num_beams if options.num_beams > 1 else options.num_return_sequences
     max_length = options.resolved_max_length(t0)
     bucket = bucket_size(examples)
+    capacity = max(max_length, t0 + 1)  # positions of the cache (the prompt's included)
     source_lengths = pad_examples(setup["source_lengths"], bucket).repeat_interleave(rows)  # [N]
     processors = build_processors(options, t0, source_lengths=source_lengths)
     criteria = build_stopping_criteria(options, t0)
     check(Request(input_ids, options, max_length, processors, criteria, fill=fill_token_id,
                   trace=StepTrace(False, False), rows=rows, removal=False))
-    state = model_state(model, setup, config, rows, max_length, bucket)
     vocab = model.get_output_embeddings().weight.shape[0]
     if options.num_beams > 1:
         check_enough_hypotheses(rows, options.num_return_sequences, vocab, options.eos_token_id, max_length - t0)
+    if capture is None:
+        capture = input_ids.device.type == "cuda"
+    key = reuse_key(model, setup, options, fill_token_id, bucket, rows, capacity) if keeps_steps(capture) else None
+    kept = None if key is None else kept_step(key)
+    state = model_state(model, setup, config, rows, capacity, bucket, None if kept is None else kept.step.model.cache)
     search = _strategy(options, pad_examples(input_ids, bucket), rows, max_length, fill_token_id,
                        graph_processors(processors, vocab, input_ids.device), real_examples(examples, bucket,
                                                                                             input_ids.device))
-    if capture is None:
-        capture = input_ids.device.type == "cuda"
-    run_steps(state, search, max_length - t0, capture)
-    return search.result(examples)
+    step = WholeStep(state, search)
+    if kept is None:
+        runner = StepRunner(step, capture)
+    else:  # the kept graph replays on the kept tensors: this call's state goes into them
+        load(kept.step, step)
+        step, runner = kept.step, kept.runner
+    try:
+        run_steps(step, runner, max_length - t0, CHECK_EVERY if capture else EAGER_CHECK_EVERY,
+                  getattr(state, "first_logits", None))
+    except BaseException:
+        if kept is not None:
+            forget(key)  # its cache may hold what went wrong
+        raise
+    if key is not None and kept is None:
+        keep(key, KeptStep(model, step, runner))
+    return step.search.result(examples)
+
+
+def keeps_steps(capture: bool) -> bool:
+    """Whether a call's step is kept for later calls (``reuse.py``): where it is captured (a kept uncaptured step
+    would only save allocations)."""
+    return capture
 
 
 def _strategy(options: SearchOptions, input_ids: torch.Tensor, rows: int, max_length: int, fill: int,
@@ -103,33 +129,31 @@ def _strategy(options: SearchOptions, input_ids: torch.Tensor, rows: int, max_le
                        pad_token_id=fill, length_penalty=options.length_penalty, real=real)
 
 
-def run_steps(state: Any, search: Any, steps: int, capture: bool) -> int:
-    """Run up to ``steps`` whole steps (the first from the prompt's logits where the state has them); returns how
-    many ran. Reads the flags every :data:`CHECK_EVERY` steps when capturing (else every :data:`EAGER_CHECK_EVERY`)
-    and after the last.
+def run_steps(step: WholeStep, runner: StepRunner, steps: int, every: int, first_logits: Any = None) -> int:
+    """Run up to ``steps`` steps of ``step`` through ``runner`` (the first from the prompt's logits ``[N, V]``,
+    eagerly, where given); returns how many ran. Reads the flags every ``every`` steps and after the last.
 
     Raises:
         SearchError: from the flags (a step's scores held NaN).
     """
     done, going = 0, steps > 0
-    first = getattr(state, "first_logits", None)
-    if first is not None and going:  # decoder-only: the prompt's logits make the first step (eagerly)
-        parents = search.select(first)
+    if first_logits is not None and going:  # decoder-only: the prompt's logits make the first step
+        parents = step.search.select(first_logits)
         if parents is not None:
-            state.reorder(parents)
-        done, going = 1, search.flags.read()
-    runner = StepRunner(WholeStep(state, search), capture)
-    every = CHECK_EVERY if capture else EAGER_CHECK_EVERY
+            step.model.reorder(parents)
+        done, going = 1, step.search.flags.read()
     while going and done < steps:
         runner()
         done += 1
         if done % every == 0 or done == steps:
-            going = search.flags.read()
+            going = step.search.flags.read()
     return done
 
 
-def model_state(model: Any, setup: dict[str, Any], config: Any, rows: int, max_length: int, bucket: int) -> Any:
-    """The graph-safe model state of the call, for a bucket of ``bucket`` examples of ``rows`` rows each.
+def model_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capacity: int, bucket: int,
+                cache: Any = None) -> Any:
+    """The graph-safe model state of the call, for a bucket of ``bucket`` examples of ``rows`` rows each, its cache
+    of ``capacity`` positions (``cache``: a kept one to fill, or None for a new one).
 
     Raises:
         ValueError: the model is not one the graph path runs, or this call is not one its lean step takes (why).
@@ -140,18 +164,17 @@ def model_state(model: Any, setup: dict[str, Any], config: Any, rows: int, max_l
         reason = lean_gpt2_reason(model, kwargs, False)
         if reason is None:
             lean = LeanGPT2State(model, kwargs, config, input_ids.shape[1] + 1)
-            return GraphGPT2(lean, input_ids, bucket, rows, max(max_length, input_ids.shape[1] + 1))
+            return GraphGPT2(lean, input_ids, bucket, rows, capacity, cache)
     elif model_type == "llama":
         reason = lean_llama_reason(model, kwargs, False)
         if reason is None:
             lean = LeanLlamaState(model, kwargs, config, input_ids.shape[1] + 1)
-            return GraphLlama(lean, input_ids, bucket, rows, max(max_length, input_ids.shape[1] + 1))
+            return GraphLlama(lean, input_ids, bucket, rows, capacity, cache)
     else:
         reason = lean_t5_reason(model, kwargs, False)
         if reason is None:
             hidden = pad_examples(kwargs["encoder_outputs"].last_hidden_state, bucket)
-            state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows,
-                            max(max_length, input_ids.shape[1]))
+            state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows, capacity, cache)
             state.prime(pad_examples(input_ids, bucket))
             return state
     raise ValueError(f"cuda_graphs=True runs T5, GPT-2 and Llama models through a graph-safe step, which cannot run "

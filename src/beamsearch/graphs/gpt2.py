@@ -16,18 +16,20 @@ import torch
 
 from .attention import attend
 from .decoder import GraphDecoder
+from .static_cache import StaticCache
 
 
 class GraphGPT2(GraphDecoder):
     """A GPT-2 model's state for one call (see :class:`GraphDecoder`); the cache holds the H heads."""
 
-    def __init__(self, lean_state: Any, prompt: torch.Tensor, examples: int, rows_per_example: int, capacity: int):
+    def __init__(self, lean_state: Any, prompt: torch.Tensor, examples: int, rows_per_example: int, capacity: int,
+                 cache: StaticCache | None = None):
         self.blocks = list(lean_state.model.transformer.h)
         attention = self.blocks[0].attn
         self.heads, self.width, self.scaling = attention.num_heads, attention.split_size, attention.scaling
         self.head_size = attention.head_dim
         super().__init__(lean_state, prompt, examples, rows_per_example, capacity, layers=len(self.blocks),
-                         heads=self.heads, head_size=self.head_size)
+                         heads=self.heads, head_size=self.head_size, cache=cache)
 
     def decode(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         rows = tokens.shape[0]

@@ -20,7 +20,7 @@ from ..beams import flatten_beams
 from ..results import FinishReason, SearchResult
 from ..scoring import hf_length_normalised
 from ..strategies.pool import Hypotheses
-from .processors import GraphProcessor, run_graph_processors
+from .processors import GraphProcessor, processor_tensors, run_graph_processors
 from .search_state import SearchFlags, stop_reasons
 
 
@@ -53,7 +53,9 @@ class GraphGreedy:
         self.flags = SearchFlags(b, device)
 
     def static_tensors(self) -> list[torch.Tensor]:
-        return [*self.live.fields.values(), self.length, *self.flags.static_tensors()]
+        """Every tensor the step reads or writes, in a fixed order (``reuse.py`` loads a call into kept ones)."""
+        return [*self.live.fields.values(), self.length, *self.flags.static_tensors(),
+                *processor_tensors(self.processors), *([] if self.eos is None else [self.eos])]
 
     def last_tokens(self) -> torch.Tensor:
         """``[N]``: each row's last token, what the model is fed next."""

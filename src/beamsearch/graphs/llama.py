@@ -19,12 +19,14 @@ import torch
 
 from .attention import attend
 from .decoder import GraphDecoder
+from .static_cache import StaticCache
 
 
 class GraphLlama(GraphDecoder):
     """A Llama model's state for one call (see :class:`GraphDecoder`)."""
 
-    def __init__(self, lean_state: Any, prompt: torch.Tensor, examples: int, rows_per_example: int, capacity: int):
+    def __init__(self, lean_state: Any, prompt: torch.Tensor, examples: int, rows_per_example: int, capacity: int,
+                 cache: StaticCache | None = None):
         model = lean_state.model
         config = model.config
         self.layers = list(model.model.layers[: config.num_hidden_layers])
@@ -33,7 +35,7 @@ class GraphLlama(GraphDecoder):
         self.scaling, self.head_size = attention.scaling, attention.head_dim
         self.apply_rotary = sys.modules[type(attention).__module__].apply_rotary_pos_emb  # the one the model calls
         super().__init__(lean_state, prompt, examples, rows_per_example, capacity, layers=len(self.layers),
-                         heads=self.kv_heads, head_size=self.head_size)
+                         heads=self.kv_heads, head_size=self.head_size, cache=cache)
 
     def decode(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         rows = tokens.shape[0]

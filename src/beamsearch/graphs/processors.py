@@ -39,6 +39,9 @@ class LengthMask:
     def __init__(self, ids: torch.Tensor, applies: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.ids, self.applies = ids, applies
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [self.ids]
+
     def __call__(self, scores: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
         mask = self.ids if self.applies is None else self.ids & self.applies(length)
         return scores.masked_fill_(mask, float("-inf"))
@@ -50,6 +53,9 @@ class LengthForce:
     def __init__(self, forced: torch.Tensor, applies: Callable[[torch.Tensor], torch.Tensor]):
         self.forced, self.applies = forced, applies
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [self.forced]
+
     def __call__(self, scores: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
         return torch.where(self.applies(length), self.forced, scores)
 
@@ -59,6 +65,9 @@ class LengthFree:
 
     def __init__(self, processor: Callable[[None, torch.Tensor], torch.Tensor]):
         self.processor = processor
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return []
 
     def __call__(self, scores: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
         return self.processor(None, scores)
@@ -70,6 +79,9 @@ class SourceLimit:
 
     def __init__(self, limits: torch.Tensor, prompt_length: int, only_eos: torch.Tensor):
         self.limits, self.prompt_length, self.only_eos = limits, prompt_length, only_eos
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [self.limits, self.only_eos]
 
     def __call__(self, scores: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
         at_limit = (length - self.prompt_length) >= self.limits  # [N]
@@ -84,6 +96,9 @@ class LoopGuard:
         self.prompt_length, self.repeats = processor.prompt_length, processor.repeats
         needs = [processor.repeats * period - 1 for period in range(1, processor.max_period + 1)]
         self.offsets = [torch.arange(-need, 0, device=device) for need in needs]  # positions before the length
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return list(self.offsets)
 
     def __call__(self, scores: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
         rows, vocab = scores.shape
@@ -138,6 +153,11 @@ def graph_processors(processors: list, vocab_size: int, device: torch.device) ->
             raise ValueError(f"cuda_graphs=True cannot capture the processor {type(p).__name__}: it reads the "
                              "tokens or the length on the host at every step (leave cuda_graphs unset for it)")
     return out
+
+
+def processor_tensors(processors: list[GraphProcessor]) -> list[torch.Tensor]:
+    """Every tensor the processors read (a captured step holds their addresses)."""
+    return [tensor for processor in processors for tensor in processor.static_tensors()]
 
 
 def run_graph_processors(processors: list[GraphProcessor], scores: torch.Tensor, tokens: torch.Tensor,

@@ -54,8 +54,15 @@ class StaticCache:
         return self.examples * self.rows_per_example
 
     def static_tensors(self) -> list[torch.Tensor]:
-        """Every tensor a step reads or writes (a captured step holds their addresses)."""
+        """The tensors a step reads or writes that hold a call's data (a captured step holds their addresses; the
+        others are constants of the shapes)."""
         return [*self.keys, *self.values, self.ancestry]
+
+    def reset(self) -> None:
+        """Ready for another call of the same shapes: every row its own ancestor again. The keys and values stay:
+        a position is written before it is attended to, and the mask hides the others (finite values, so that a
+        masked position adds an exact zero)."""
+        self.ancestry.copy_(self.own[:, None].expand_as(self.ancestry))
 
     # ------------------------------------------------------------------ before the search (eager)
 

@@ -37,10 +37,11 @@ class GraphT5:
         source_mask: ``[B, S]`` (1: a source token, 0: padding) or None.
         rows_per_example: K.
         capacity: T, decoder positions (start tokens included).
+        cache: a :class:`StaticCache` of these shapes to reuse (a kept graph's, ``reuse.py``), or None for a new one.
     """
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None,
-                 rows_per_example: int, capacity: int):
+                 rows_per_example: int, capacity: int, cache: StaticCache | None = None):
         self.model = model
         self.blocks = list(model.decoder.block)
         attention = self.blocks[0].layer[0].SelfAttention
@@ -48,8 +49,11 @@ class GraphT5:
         self.scale = _output_scale(model)
         dtype, device = encoder_hidden.dtype, encoder_hidden.device
         examples = encoder_hidden.shape[0]
-        self.cache = StaticCache(len(self.blocks), examples, capacity, rows_per_example, self.heads, self.head_size,
-                                 dtype, device)
+        if cache is None:
+            cache = StaticCache(len(self.blocks), examples, capacity, rows_per_example, self.heads, self.head_size,
+                                dtype, device)
+        cache.reset()
+        self.cache = cache
         self.cross_keys = [self._heads(b.layer[1].EncDecAttention.k(encoder_hidden)) for b in self.blocks]
         self.cross_values = [self._heads(b.layer[1].EncDecAttention.v(encoder_hidden)) for b in self.blocks]
         self.source_bias = torch.zeros((examples, 1, 1, encoder_hidden.shape[1]), dtype=dtype, device=device)
