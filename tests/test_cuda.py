@@ -489,3 +489,132 @@ def test_alternatives_on_the_device_equal_the_cpu():
                                     **options)
     result = search_alternatives(device_model("t5"), inputs["input_ids"], inputs["attention_mask"], **options)
     assert_same_search(reference, result)
+
+
+# ---------------------------------------------------------------------------------------------- CUDA graphs
+
+GRAPH_CASES = {
+    "greedy": dict(num_beams=1),
+    "beam": dict(num_beams=4, num_return_sequences=2),
+    "beam early": dict(num_beams=3, early_stopping=True, length_penalty=0.5, min_new_tokens=2),
+}
+
+
+@pytest.fixture
+def graphs():
+    """The graph path's kept steps, released before and after (each test captures its own)."""
+    from beamsearch.graphs import reuse
+
+    reuse.release()
+    yield reuse
+    reuse.release()
+    torch.cuda.empty_cache()
+
+
+def graph_search(model, **kwargs):
+    from beamsearch.adapters.hf import search_model
+
+    return search_model(model, cuda_graphs=True, **kwargs)
+
+
+def fixed_inputs(name: str, batch: int, seed: int) -> dict:
+    """Inputs ``[B, 6]`` with left padding of mixed lengths: the same shapes for every seed (one kept graph)."""
+    from tiny_hf import left_padded_inputs
+
+    pad = {"t5": 0, "gpt2": 1, "llama": 2}[name]
+    ids, mask = left_padded_inputs(tiny_model(name).config.vocab_size, pad, batch, seed=seed, length=6)
+    return {"input_ids": ids.to(DEVICE), "attention_mask": mask.to(DEVICE)}
+
+
+@pytest.mark.parametrize("case", list(GRAPH_CASES))
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+def test_cuda_graphs_equal_the_eager_path_on_the_device(graphs, name, case):
+    """Captured and replayed (a batch of 3 in a bucket of 4), then replayed for other inputs of the same shapes:
+    tokens equal the eager path's on the device, scores within the tolerance (other shapes: the graph path's rows
+    attend over their example's whole cache under a mask)."""
+    from beamsearch.adapters.hf import search_model
+
+    model = device_model(name)
+    kwargs = dict(max_new_tokens=10, do_sample=False, **GRAPH_CASES[case])
+    for seed in (7, 8):  # the second call replays the kept graph on the first call's tensors
+        inputs = fixed_inputs(name, 3, seed)
+        assert_same_search(on_host(search_model(model, **inputs, **kwargs)), graph_search(model, **inputs, **kwargs))
+    (kept,) = graphs._KEPT.values()
+    assert isinstance(kept.runner.graph, torch.cuda.CUDAGraph)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+def test_cuda_graphs_in_bfloat16_equal_transformers_up_to_near_ties(graphs, name, num_beams):
+    model = device_model(name, torch.bfloat16)
+    kwargs = dict(device_inputs(name, batch=4), num_beams=num_beams, max_new_tokens=10, do_sample=False)
+    expected = on_host(model.generate(**kwargs, return_dict_in_generate=True, output_scores=True))
+    result = on_host(graph_search(model, **kwargs))
+    actual = flat(result)
+    same = _same_rows(expected.sequences, actual.sequences)
+    if not bool(same.all()):
+        def rerun(processors):
+            return on_host(model.generate(**kwargs, return_dict_in_generate=True, output_scores=True,
+                                          logits_processor=host_recorders(processors)))
+
+        margin, magnitude, _ = reference_margin(expected, actual, rerun, kwargs)
+        assert near_tie(margin, magnitude, torch.bfloat16), (margin, expected.sequences, actual.sequences)
+    if num_beams > 1:
+        assert_scores_close(actual.sequences_scores[same], expected.sequences_scores[same], dtype=torch.bfloat16)
+
+
+def test_cuda_graphs_capture_once_per_shape_and_sync_only_between_steps(graphs, monkeypatch):
+    """A step is captured once per shape (later calls replay it), and its eager warm-up steps make no host
+    synchronisation (torch's sync debug mode raises on one), so the captured step has none either."""
+    from beamsearch.graphs.runner import StepRunner
+
+    captures, warmups = [], []
+    record, warm_up = StepRunner._record, StepRunner._warm_up
+
+    def counted_record(self):
+        captures.append(1)
+        return record(self)
+
+    def strict_warm_up(self):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            warm_up(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        warmups.append(1)
+
+    monkeypatch.setattr(StepRunner, "_record", counted_record)
+    monkeypatch.setattr(StepRunner, "_warm_up", strict_warm_up)
+    model = device_model("gpt2")
+    for seed in (1, 2, 3):
+        graph_search(model, **fixed_inputs("gpt2", 5, seed), num_beams=3, max_new_tokens=12)
+    graph_search(model, **fixed_inputs("gpt2", 2, 1), num_beams=3, max_new_tokens=12)  # another bucket
+    assert len(captures) == 2 and len(warmups) == 4 and graphs.kept_count() == 2
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_cuda_graphs_nan_names_the_step_and_the_example_on_the_device(graphs, monkeypatch, num_beams):
+    from beamsearch.graphs.t5 import GraphT5
+
+    original = GraphT5.decode
+
+    def poisoned(self, tokens, position):  # example 1 from step 4 on: after the capture (two warm-up steps)
+        logits = original(self, tokens, position)
+        rows = torch.arange(logits.shape[0], device=logits.device) // self.cache.rows_per_example == 1
+        return logits.masked_fill(rows[:, None] & (position >= 4), NAN)
+
+    monkeypatch.setattr(GraphT5, "decode", poisoned)
+    with pytest.raises(SearchError, match=r"at step 4 \(example 1\)$"):
+        graph_search(device_model("t5"), **device_inputs("t5", batch=3), num_beams=num_beams, max_new_tokens=8,
+                     min_new_tokens=8)
+    assert_device_healthy()
+    assert graphs.kept_count() == 0
+
+
+@pytest.mark.parametrize("option", [dict(logits_processor=[lambda ids, scores: scores]), dict(max_time=5.0),
+                                    dict(do_sample=True), dict(repetition_penalty=1.2)])
+def test_cuda_graphs_refuse_what_needs_the_host_on_the_device(graphs, option):
+    with pytest.raises(ValueError, match="^cuda_graphs=True cannot capture"):
+        beamsearch.generate(device_model("gpt2"), **device_inputs("gpt2"), max_new_tokens=4, cuda_graphs=True,
+                            **option)
+    assert graphs.kept_count() == 0
