@@ -17,6 +17,7 @@ from ..adapters.hf import search_model
 from ..errors import SearchError
 from .flags import generation_options
 from .inputs import CLIError, Line
+from .lengths import CutCount, capped, count_cut, source_tied_limit
 from .outputs import is_unfinished
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "g2p_cmudict"
@@ -35,6 +36,7 @@ class Model:
     keep_alignments: bool = False  # --alignments: keep them in the records
     long_inputs: list[str] = field(default_factory=list)  # sources of the inputs over the length limit
     unfinished_last: bool = True  # --unfinished last: hypotheses that did not end rank after those that did
+    cut: CutCount = field(default_factory=CutCount)  # outputs a length limit stopped, for the summary line
 
 
 def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False,
@@ -169,6 +171,8 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
     padded = m.tokenizer.pad({"input_ids": [e.ids for e in batch]}, return_tensors="pt")
     device = m.model.device
     inputs = {"input_ids": padded["input_ids"].to(device), "attention_mask": padded["attention_mask"].to(device)}
+    given = options
+    options = capped(m.model.generation_config, options, inputs["input_ids"].shape[1])
     if "target_prefix" in options:  # one prefix for every input
         options = dict(options, target_prefix=[options["target_prefix"]] * len(batch))
     try:
@@ -181,7 +185,7 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
     except SearchError as e:  # what the model returned: a failure while running
         raise CLIError(str(e), status=1) from None
     except ValueError as e:
-        raise CLIError(explained(str(e), m, options)) from None
+        raise CLIError(explained(str(e), m, given)) from None
 
     def text(ids: list[int]) -> str:
         return m.tokenizer.decode(ids, skip_special_tokens=True).strip()
@@ -189,6 +193,7 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
     records = result.to_dicts(decode=text)
     if m.unfinished_last:  # a stable sort: the search's order among finished, and among unfinished, hypotheses
         records = [sorted(hyps, key=is_unfinished) for hyps in records]
+    count_cut(m.cut, source_tied_limit(m.model.generation_config, given), [len(e.ids) for e in batch], records)
     for encoded, hyps in zip(batch, records, strict=True):  # alignments over the input's own tokens, no padding
         for hyp in hyps:
             if "alignment" in hyp:

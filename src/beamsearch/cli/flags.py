@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "is complete")
     g["performance"].add_argument("--chunk-size", type=int, default=10000, help="lines read and sorted by length "
                                   "at a time")
-    io.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    io.add_argument("--quiet", "-q", action="store_true", help="no progress bar, and no closing line counting the "
+                    "outputs a length limit cut")
     io.add_argument("--stream", action="store_true", help="interactive: decode one input at a time and print its "
                     "best output as it becomes final (beam search included; text to stdout)")
     perf = g["performance"]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from .flags import NOT_IN_FINGERPRINT, build_parser, validate
 from .inputs import CLIError, check_readable, chunks, read_lines, scan_files
+from .lengths import report_cut
 from .outputs import Output, check_complete, fingerprint, format_record, progress
 
 
@@ -93,6 +94,8 @@ def run_decode(args: argparse.Namespace) -> int:
     except BaseException:
         out.abandon()
         raise
+    if not args.quiet:
+        report_cut(m.cut, m.model.generation_config, options)
     if len(m.warnings) > 20:
         print(f"beamsearch: {len(m.warnings)} warnings in all", file=sys.stderr)
     return 0

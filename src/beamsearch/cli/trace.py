@@ -10,6 +10,7 @@ from typing import Any
 
 from .flags import DEFAULT_TRACE_BEAMS, generation_options
 from .inputs import CLIError, Line, check_readable, read_lines
+from .lengths import capped
 
 
 def run_trace(args: argparse.Namespace) -> int:
@@ -29,6 +30,7 @@ def run_trace(args: argparse.Namespace) -> int:
     encoded = encode(m, Line(1, "argument", args.text), None, "error")
     if encoded is None:
         raise CLIError("trace: the input is empty")
+    options = capped(m.model.generation_config, options, len(encoded.ids))
     input_ids = torch.tensor([encoded.ids], device=m.model.device)
     try:
         result = search_model(m.model, input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
@@ -89,7 +91,7 @@ def stream_lines(m: Any, lines: Any, options: dict[str, Any], out: Any = None) -
             printer = TextPrinter(m.tokenizer, out)
             try:
                 generate(m.model, input_ids=input_ids, attention_mask=torch.ones_like(input_ids), streamer=printer,
-                         **options)
+                         **capped(m.model.generation_config, options, len(encoded.ids)))
             except ValueError as e:
                 raise CLIError(str(e)) from None
         out.write("\n")
