@@ -46,21 +46,34 @@ ROW = re.compile(r"^\| (greedy|beam \d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| 
 
 
 def read_run(files: Path, out: Path) -> dict:
-    """``run.json`` from beside the weights or from ``logs.tgz`` (unpacked to ``OUT/logs``)."""
+    """``run.json`` from beside the weights or from ``logs.tgz`` (unpacked to ``OUT/logs``); failing both, the facts
+    every weights file carries (shape, vocabulary, dropout)."""
     if (files / "run.json").exists():
         return json.loads((files / "run.json").read_text())
-    logs = out / "logs"
-    with tarfile.open(files / "logs.tgz") as tar:
-        tar.extractall(logs, filter="data")
-    found = sorted(logs.rglob("run.json"))
-    if not found:
-        raise SystemExit(f"{files}: no run.json beside the weights nor in logs.tgz")
-    return json.loads(found[0].read_text())
+    if (files / "logs.tgz").exists():
+        logs = out / "logs"
+        with tarfile.open(files / "logs.tgz") as tar:
+            tar.extractall(logs, filter="data")
+        if (logs / "run.json").exists():
+            return json.loads((logs / "run.json").read_text())
+    first = sorted(files.glob("teacher*.safetensors"))
+    if not first:
+        raise SystemExit(f"{files}: no run.json, logs.tgz or teacher*.safetensors")
+    facts = stored_facts(first[0])
+    print(f"no run.json: the shape and vocabulary come from {first[0]}", flush=True)
+    return {"shape": facts["shape"], "hf_config": facts["hf_config"], "vocab": facts["vocab"],
+            "args": {"dropout": facts["dropout"]}}
+
+
+def stored_facts(weights: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as f:
+        return json.loads((f.metadata() or {}).get("g2p", "{}"))
 
 
 def export(weights: Path, run: dict, folder: Path) -> dict:
     """One model directory from a weights file; returns the run's facts stored in the file."""
-    from safetensors import safe_open
     from safetensors.torch import load_file
     from transformers import T5Config, T5ForConditionalGeneration
 
@@ -82,10 +95,8 @@ def export(weights: Path, run: dict, folder: Path) -> dict:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for name in COPIED:
         shutil.copy(SHIPPED / name, folder / name)
-    with safe_open(str(weights), "pt") as f:
-        facts = json.loads((f.metadata() or {}).get("g2p", "{}"))
     check_logits(folder, state, run)
-    return facts
+    return {k: v for k, v in stored_facts(weights).items() if k not in ("vocab", "hf_config", "shape")}
 
 
 def check_logits(folder: Path, state: dict[str, torch.Tensor], run: dict) -> None:

@@ -28,6 +28,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import tarfile  # noqa: E402
 import time  # noqa: E402
 from collections import deque  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -193,6 +194,7 @@ def choose(model: StackedT5, best, snaps, dev: DevSet, vocab, name: str):
 
 
 def save_member(path: Path, shape: T5Shape, matrices: torch.Tensor, vectors: torch.Tensor, info: dict) -> None:
+    """float16 weights under transformers' names; ``info`` (JSON) in the metadata under ``g2p``."""
     from safetensors.torch import save_file
 
     state = hf_state_dict(shape, matrices.detach().float().cpu(), vectors.detach().float().cpu())
@@ -200,6 +202,17 @@ def save_member(path: Path, shape: T5Shape, matrices: torch.Tensor, vectors: tor
     save_file({n: w.half() for n, w in state.items()}, str(tmp), metadata={"g2p": json.dumps(info)})
     os.replace(tmp, path)
     log(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+def pack_logs(work: Path, dest: Path) -> None:
+    """``dest/logs.tgz``: everything in ``work`` but the weights (rewritten at every milestone, so a run cut short
+    still brings its logs back)."""
+    tmp = dest / "logs.tgz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for path in sorted(work.iterdir()):
+            if path.is_file() and path.suffix not in (".safetensors", ".tmp"):
+                tar.add(path, arcname=path.name)
+    os.replace(tmp, dest / "logs.tgz")
 
 
 def teacher_distribution(model: StackedT5, matrices, vectors, mode: str):
@@ -222,7 +235,8 @@ def teacher_distribution(model: StackedT5, matrices, vectors, mode: str):
 def parse(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("runs/g2p_data"))
-    ap.add_argument("--out", type=Path, default=Path("runs/gpu_g2p"))
+    ap.add_argument("--out", type=Path, default=Path("runs/gpu_g2p"), help="logs, run.json, curve.tsv")
+    ap.add_argument("--weights-out", type=Path, help="the weights and logs.tgz (default: --out)")
     ap.add_argument("--budget", type=float, default=480, help="seconds for everything, from --start")
     ap.add_argument("--start", type=float, default=T0, help="when the budget began (epoch seconds; default: now)")
     ap.add_argument("--reserve", type=float, default=15, help="seconds left at the end for the caller")
@@ -273,7 +287,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     deadline = a.start + a.budget - a.reserve
-    a.out.mkdir(parents=True, exist_ok=True)
+    a.weights_out = a.weights_out or a.out
+    for folder in (a.out, a.weights_out):
+        folder.mkdir(parents=True, exist_ok=True)
     vocab = read_vocab(a.data)
     shape = T5Shape(vocab_size=len(vocab), d_model=a.d_model, d_ff=a.d_ff, layers=a.layers, heads=a.heads,
                     d_kv=a.d_kv)
@@ -293,6 +309,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def write_record() -> None:
         (a.out / "run.json").write_text(json.dumps(record, indent=1) + "\n")
+        pack_logs(a.out, a.weights_out)
+
+    export_facts = {"shape": asdict(shape), "hf_config": shape.hf_config(), "vocab": vocab, "dropout": a.dropout}
 
     # teachers
     seeds = [a.seed + k for k in range(a.teachers)]
@@ -304,8 +323,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     del trainer
     record["teachers"] = {**phase, "members": [{"seed": s, **i} for s, i in zip(seeds, info, strict=True)]}
     for k in range(a.teachers):
-        save_member(a.out / f"teacher{k}.safetensors", shape, t_m[k], t_v[k],
-                    {"role": "teacher", "member": k, "seed": seeds[k], **phase, **info[k]})
+        save_member(a.weights_out / f"teacher{k}.safetensors", shape, t_m[k], t_v[k],
+                    {"role": "teacher", "member": k, "seed": seeds[k], **phase, **info[k], **export_facts})
     ensemble = dev_keys(model, t_m, t_v, dev, vocab, ensemble=True)[0]
     record["teachers"]["ensemble_dev_greedy"] = ensemble
     log(f"teacher ensemble (mean log-probabilities), dev greedy WER {ensemble['wer']:.2f} "
@@ -341,9 +360,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     top = min(range(a.students), key=lambda k: key(s_info[k]["dev_greedy"]))
     record["students"] = {**s_phase, "kept": top, "members": [
         {"seed": s, "alpha": float(al), **i} for s, al, i in zip(s_seeds, a.student_alphas, s_info, strict=False)]}
-    save_member(a.out / "student.safetensors", shape, st_m[top], st_v[top],
+    save_member(a.weights_out / "student.safetensors", shape, st_m[top], st_v[top],
                 {"role": "student", "member": top, "alpha": a.student_alphas[top], "init": record["student_init"],
-                 "teacher_mode": a.teacher_mode, **s_phase, **s_info[top]})
+                 "teacher_mode": a.teacher_mode, **s_phase, **s_info[top], **export_facts})
     write_record()
     log(f"done: student {top} (alpha {a.student_alphas[top]}) dev greedy WER {s_info[top]['dev_greedy']['wer']:.2f}; "
         f"{deadline - time.time():.0f}s before the deadline")

@@ -202,21 +202,32 @@ class GraphedSteps:
         torch.cuda.synchronize()
 
     def _check(self, bucket: int, index: torch.Tensor, saved: list[torch.Tensor]) -> float:
-        """Relative difference of the replayed and the eager update, both without dropout, from ``saved``."""
-        state = self.trainer.state()
-        params = self.trainer.params
+        """How far a replay is from the eager step, both without dropout and from ``saved``: the largest relative
+        difference of the loss, of Adam's first moment (the clipped gradient) and of the size of the update.
+        (Not the update itself: Adam's first step is sign(gradient), which rounding noise can flip.)"""
+        trainer = self.trainer
+        state, first_moment = trainer.state(), trainer.optimizer.exp_avg
         restore(state, saved)
         self.rate_tensor.fill_(0.0)
         self.index[bucket].copy_(index)
         self.graphs[bucket].replay()
-        replayed = snapshot(params)
+        replayed = snapshot([*trainer.params, *first_moment, trainer.loss_sum])
         restore(state, saved)
-        self.trainer.step(bucket, index, 0.0)
-        eager = snapshot(params)
+        trainer.step(bucket, index, 0.0)
+        eager = snapshot([*trainer.params, *first_moment, trainer.loss_sum])
         self.rate_tensor.fill_(self.rate)
-        update = sum((e - s).float().norm() ** 2 for e, s in zip(eager, saved, strict=False)) ** 0.5
-        diff = sum((r - e).float().norm() ** 2 for r, e in zip(replayed, eager, strict=True)) ** 0.5
-        return float(diff / update.clamp(min=1e-12))
+        n = len(trainer.params)
+        before = saved[:n]
+
+        def relative(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+            diff = sum((x - y).float().norm() ** 2 for x, y in zip(a, b, strict=True)) ** 0.5
+            return float(diff / (sum(y.float().norm() ** 2 for y in b) ** 0.5).clamp(min=1e-12))
+
+        def update_size(after: Sequence[torch.Tensor]) -> torch.Tensor:
+            return sum((x - y).float().norm() ** 2 for x, y in zip(after, before, strict=True)) ** 0.5
+
+        size_ratio = float(update_size(replayed[:n]) / update_size(eager[:n]).clamp(min=1e-12))
+        return max(relative(replayed[-1:], eager[-1:]), relative(replayed[n:-1], eager[n:-1]), abs(1 - size_ratio))
 
     def step(self, bucket: int, index: torch.Tensor) -> None:
         self.index[bucket].copy_(index, non_blocking=True)

@@ -184,6 +184,7 @@ class StackedT5:
         self.dec_buckets = relative_buckets(self.max_length, False, shape.buckets, shape.max_distance).to(device)
         causal = torch.ones(self.max_length, self.max_length, dtype=torch.bool).triu(1)
         self.causal_mask = (causal.float() * NEG).to(device)  # [T, T]
+        self._one_hot: dict[tuple[int, int], torch.Tensor] = {}  # (bucket table, length) -> [length^2, buckets]
 
     def weights(self, matrices: torch.Tensor, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views [K, ...] of the flat weights; matrices cast to the compute dtype (a differentiable cast)."""
@@ -219,13 +220,20 @@ class StackedT5:
         return out.transpose(2, 3).reshape(kk, b, t, h * dk)
 
     def _position_bias(self, table: torch.Tensor, rel: torch.Tensor, length: int) -> torch.Tensor:
-        """rel [K, buckets, H] looked up for [length, length] -> [K, 1, H, length, length] float32."""
-        return rel[:, table[:length, :length]].permute(0, 3, 1, 2).unsqueeze(1).float()
+        """rel [K, buckets, H] looked up for [length, length] -> [K, 1, H, length, length] float32 (as a product with
+        a cached one-hot table: no index kernels, whose backward scatters)."""
+        cache_key = (table.data_ptr(), length)
+        if cache_key not in self._one_hot:
+            buckets = table[:length, :length].reshape(-1)
+            self._one_hot[cache_key] = (buckets[:, None] == torch.arange(rel.shape[1], device=table.device)).float()
+        bias = torch.matmul(self._one_hot[cache_key], rel.float())  # [K, length * length, H]
+        return bias.view(rel.shape[0], length, length, -1).permute(0, 3, 1, 2).unsqueeze(1)
 
     def _embed(self, w: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
-        """ids [K, B, T] -> [K, B, T, d] float32 (each member its own table)."""
-        member = torch.arange(ids.shape[0], device=ids.device).view(-1, 1, 1)
-        return w["shared"][member, ids].float()
+        """ids [K, B, T] -> [K, B, T, d] float32, each member its own table (a one-hot product, for the same reason)."""
+        table = w["shared"]
+        one_hot = (ids[..., None] == torch.arange(table.shape[1], device=ids.device)).to(table.dtype)
+        return self._linear(one_hot, table).float()
 
     def _feed_forward(self, w, prefix: str, x, p, training: bool) -> torch.Tensor:
         h = torch.relu(self._linear(self._norm(x, w[prefix + "ln_ff"]), w[prefix + "wi"]))
