@@ -39,11 +39,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stacked_data import BucketedData, DevSet, read_dev, read_pairs, read_vocab  # noqa: E402
+from stacked_data import BucketedData, DevSet, read_dev, read_pairs, read_vocab, score  # noqa: E402
 from stacked_step import GraphedSteps, Objective, StackTrainer, greedy, snapshot, to_phones  # noqa: E402
 from stacked_t5 import StackedT5, T5Shape, hf_state_dict, init_flat  # noqa: E402
-
-from beamsearch.evaluation import score  # noqa: E402  (stacked_data puts src/ on the path)
 
 T0 = time.time()
 STOP = {"flag": False}
@@ -114,7 +112,7 @@ def run_phase(name: str, trainer: StackTrainer, data: BucketedData, dev: DevSet,
     snaps: deque = deque(maxlen=a.snaps)
     start = time.time()
     step = epoch = last_snap = 0
-    eval_seconds, lr = 1.0, 0.0
+    eval_seconds, lr, warmup = 1.0, 0.0, s.warmup
     stop_at = deadline - (a.snaps + 2) * eval_seconds
     steps_per_epoch = data.steps_per_epoch()
     t_log, step_log = time.time(), 0
@@ -124,7 +122,7 @@ def run_phase(name: str, trainer: StackTrainer, data: BucketedData, dev: DevSet,
             fraction = (now - start) / max(1e-9, stop_at - start)
             if fraction >= 1 or STOP["flag"]:
                 break
-            lr = learning_rate(step, fraction, s.peak, s.warmup, a.cooldown)
+            lr = learning_rate(step, fraction, s.peak, warmup, a.cooldown)
             trainer.optimizer.lr.fill_(lr)
             if graphs is not None:
                 graphs.step(bucket, index)
@@ -137,6 +135,11 @@ def run_phase(name: str, trainer: StackTrainer, data: BucketedData, dev: DevSet,
             if step % a.log_every == 0:
                 losses = trainer.read_loss()  # the one synchronisation
                 rate = (step - step_log) / (time.time() - t_log)
+                if step == a.log_every:  # a slow device: keep the warmup under a fifth of the steps it will make
+                    expected = rate * (stop_at - start)
+                    if warmup > 0.2 * expected:
+                        warmup = max(a.log_every, int(0.2 * expected))
+                        log(f"{name}: about {expected:.0f} steps expected at {rate:.1f} steps/s: warmup {warmup}")
                 t_log, step_log = time.time(), step
                 ep = step / steps_per_epoch
                 curve.add(name, step, ep, time.time() - start, lr, "loss", losses)
@@ -165,7 +168,7 @@ def run_phase(name: str, trainer: StackTrainer, data: BucketedData, dev: DevSet,
     return (*choose(model, best, snaps, dev, vocab, name), {
         "steps": step, "epochs": round(step / steps_per_epoch, 2), "seconds": round(trained, 1),
         "steps_per_second": round(step / max(trained, 1e-9), 2), "cuda_graphs": graphs is not None,
-        "snapshots": len(snaps),
+        "snapshots": len(snaps), "warmup": warmup,
     })
 
 
@@ -265,8 +268,8 @@ def parse(argv: Sequence[str] | None):
     ap.add_argument("--student-warmup", type=int, default=1000)
     ap.add_argument("--teacher-mode", choices=("prob", "log"), default="prob")
     ap.add_argument("--min-student-seconds", type=float, default=45)
-    ap.add_argument("--eval-every", type=int, default=1000)
-    ap.add_argument("--snap-every", type=int, default=500)
+    ap.add_argument("--eval-every", type=int, default=2000, help="steps between greedy dev evaluations")
+    ap.add_argument("--snap-every", type=int, default=1000, help="steps between cool-down snapshots")
     ap.add_argument("--snaps", type=int, default=5, help="cool-down snapshots kept for averaging")
     ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--train-limit", type=int, default=0, help="about this many training pairs (CPU checks)")

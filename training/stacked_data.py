@@ -10,6 +10,7 @@ Legend: K members, B batch, L bucket length, V vocabulary, N pairs of a bucket.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -19,9 +20,20 @@ from pathlib import Path
 import torch
 from stacked_t5 import EOS, PAD, UNK
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from beamsearch.evaluation import Entry, read_references  # noqa: E402
+def _load_scoring():
+    """``beamsearch/evaluation.py`` (standard library only) loaded by itself: the GPU run does not depend on the
+    library's package imports, which other work may be changing."""
+    path = Path(__file__).resolve().parent.parent / "src" / "beamsearch" / "evaluation.py"
+    spec = importlib.util.spec_from_file_location("g2p_scoring", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["g2p_scoring"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+scoring = _load_scoring()
+Entry, read_references, score = scoring.Entry, scoring.read_references, scoring.score
 
 BUCKET_LENGTHS = (6, 7, 8, 9, 10, 12, 15, 64)  # by max(source, target) tokens; the last takes the rest
 
@@ -89,14 +101,10 @@ class BucketedData:
     @staticmethod
     def _bucket(pairs: Sequence[tuple[list[int], list[int]]], device: torch.device) -> Bucket:
         length = max(max(len(s), len(t)) for s, t in pairs)
-        src = torch.full((len(pairs), length), PAD, dtype=torch.long)
-        dec = torch.full((len(pairs), length), PAD, dtype=torch.long)
-        labels = torch.full((len(pairs), length), -100, dtype=torch.long)
-        for row, (s, t) in enumerate(pairs):
-            src[row, : len(s)] = torch.tensor(s)
-            labels[row, : len(t)] = torch.tensor(t)
-            dec[row, 1 : len(t)] = torch.tensor(t[:-1])
-        return Bucket(length, src.to(device), dec.to(device), labels.to(device))
+        src = [s + [PAD] * (length - len(s)) for s, _ in pairs]
+        labels = [t + [-100] * (length - len(t)) for _, t in pairs]
+        dec = [[PAD] + t[:-1] + [PAD] * (length - len(t)) for _, t in pairs]
+        return Bucket(length, *(torch.tensor(rows, dtype=torch.long, device=device) for rows in (src, dec, labels)))
 
     def describe(self) -> str:
         return ", ".join(f"L{b.length}: {b.size}" for b in self.buckets)
