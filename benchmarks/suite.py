@@ -51,16 +51,18 @@ import beamsearch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import suite_engines as engines  # noqa: E402
+import suite_graphs as graphs  # noqa: E402
 import suite_models as models  # noqa: E402
+from suite_plot import plot  # noqa: E402
 
 ENGINES = ("hf", "ours", "ours-fast", "ours-keep", "ours-generic", "ours-shared", "ours-compiled", "ours-static",
-           "ours-int8",
+           "ours-int8", "ours-graphs",
            "ct2-fp32",
            "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
          "lengths": "8,16,32"}
-FULL = {"models": ",".join(models.MODELS), "beams": "1,4,8", "batches": "1,16,64", "repeats": 3,
-        "lengths": "12,24,48"}
+FULL = {"models": ",".join(m for m in models.MODELS if m != "llama-1b"), "beams": "1,4,8", "batches": "1,16,64",
+        "repeats": 3, "lengths": "12,24,48"}
 
 
 @dataclass
@@ -73,6 +75,8 @@ class Row:
     equal_hf: dict[str, int] = field(default_factory=dict)  # engine -> best hypotheses equal to HF's
     ct2_exact: int | None = None  # CT2 fp32 outputs equal to ours under semantics="ct2"
     tokens: dict[str, int] = field(default_factory=dict)  # engine -> generated tokens (best hypotheses)
+    ties: dict[str, int] = field(default_factory=dict)  # engine -> differences from HF at HF's own near ties
+    bad: dict[str, int] = field(default_factory=dict)  # engine -> differences from HF that are not near ties
 
     def seconds(self, engine: str) -> float | None:
         timing = self.timings.get(engine)
@@ -97,6 +101,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch and CTranslate2 (default 1)")
     parser.add_argument("--lengths", help="output lengths of the time-vs-length sweep (t5-small; '' to skip)")
     parser.add_argument("--markdown-out", type=Path, help="also write the report as Markdown to this file")
+    parser.add_argument("--time-budget", type=float, help="start no case after this many seconds (the report then "
+                        "holds the cases finished)")
+    parser.add_argument("--table", choices=("full", "graphs"), default="full",
+                        help="graphs: transformers, ours and ours-graphs (cuda_graphs=True) only, with cold times and "
+                        "near ties counted (suite_graphs.py); full: every engine's columns")
     parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parent / "results" / "suite.png")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
@@ -153,6 +162,10 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-static" in args.engines and workload.lean:
         static = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step="static"))
         row.timings["ours-static"] = timed(static)
+    if "ours-graphs" in args.engines and workload.lean and not memory_only:
+        run = engines.beamsearch_engine(workload, inputs, dict(kwargs, cuda_graphs=True))
+        row.timings["ours-graphs"] = graphs.guarded(f"{workload.name} ours-graphs", lambda: graphs.graph_timing(
+            run, args.repeats, args.device), args.notes)
     if "ours-int8" in args.engines and args.device == "cpu":
         if workload.int8_model is None:
             workload.int8_model = beamsearch.quantize_int8(workload.model)
@@ -169,9 +182,14 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
         row.timings["floor"] = timed(floor)
     reference = row.timings["hf"].outputs if "hf" in row.timings else None
     for engine, timing in row.timings.items():
+        if timing.outputs is None:  # the engine failed (guarded)
+            continue
         row.tokens[engine] = batch * row.steps if engine == "floor" else sum(map(len, timing.outputs))
         if reference is not None and engine not in ("hf", "floor"):
             row.equal_hf[engine] = sum(a == b for a, b in zip(timing.outputs, reference, strict=True))
+    if args.table == "graphs" and reference is not None and not memory_only:
+        graphs.guarded(f"{workload.name} near ties", lambda: graphs.count_ties(workload, inputs, kwargs, row),
+                       args.notes)
     if exact_check and "ct2-fp32" in row.timings:
         ours_ct2 = engines.beamsearch_ct2_semantics(workload, inputs, beams)
         row.ct2_exact = sum(a == b for a, b in zip(ours_ct2, row.timings["ct2-fp32"].outputs, strict=True))
@@ -240,53 +258,6 @@ def sweep_table(points: list[tuple[int, Row]]) -> list[str]:
     return lines
 
 
-def plot(rows: list[Row], sweep: list[tuple[int, Row]], sweep_label: str, path: Path, header: str) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "plot skipped: matplotlib is not installed (.venv/bin/pip install matplotlib)"
-    palette = plt.get_cmap("tab20").colors  # 20 colours: one per engine (the default cycle repeats after 10)
-    styles = {engine: {"color": palette[(2 * i) % 20 + (2 * i) // 20]} for i, engine in enumerate(ENGINES)}
-    styles["floor"] = {"color": "black", "linestyle": "--"}
-    names = list(dict.fromkeys(r.model for r in rows))
-    panels = len(names) + (1 if sweep else 0)
-    figure, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.8), squeeze=False)
-    for axis, name in zip(axes[0], names, strict=False):
-        mine = [r for r in rows if r.model == name]
-        batch = max(r.batch for r in mine)
-        mine = sorted((r for r in mine if r.batch == batch), key=lambda r: r.beams)
-        for engine in ENGINES:
-            points = [(r.beams, r.tokens[engine] / r.seconds(engine)) for r in mine if r.seconds(engine)]
-            if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=engine, **styles[engine])
-        axis.set_title(f"{name}, batch {batch}", fontsize=9)
-        axis.set_xlabel("beam size")
-        axis.set_ylabel("output tokens / s")
-        axis.set_xticks(sorted({r.beams for r in mine}))
-        axis.set_yscale("log")
-        axis.grid(alpha=0.3)
-    if sweep:
-        axis = axes[0][-1]
-        for engine in ENGINES:
-            points = [(length, r.seconds(engine)) for length, r in sweep if r.seconds(engine)]
-            if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=engine, **styles[engine])
-        axis.set_title(sweep_label, fontsize=9)
-        axis.set_xlabel("output length (new tokens)")
-        axis.set_ylabel("seconds")
-        axis.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    figure.suptitle(header, fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return f"plot written to {path}"
-
-
 def environment(args) -> str:
     import transformers
 
@@ -316,8 +287,9 @@ def main(argv=None) -> None:
     rows: list[Row] = []
     sweep: list[tuple[int, Row]] = []
     sweep_label = ""
-    notes: list[str] = []
+    args.notes = notes = []  # engines' failures (suite_graphs.guarded) and CTranslate2's notes
     descriptions: list[str] = []
+    make_table = graphs.table if args.table == "graphs" else table
     with tempfile.TemporaryDirectory(prefix="beamsearch-suite-") as tmp:
         work = Path(tmp)
         ct2 = engines.CT2(args.device, args.threads, work)
@@ -327,7 +299,7 @@ def main(argv=None) -> None:
         workloads = []
         for name in args.models:
             log(f"[{time.perf_counter() - started:6.0f}s] building {name}")
-            workload = models.build(name, work, max(args.batches))
+            workload = models.build(name, work, max(args.batches), args.device)
             workload.model.to(args.device)
             descriptions.append(f"- {name}: {workload.description}")
             ct2_models = {e: ct2.load(workload, "float32" if e == "ct2-fp32" else "int8") for e in wanted_ct2}
@@ -339,13 +311,16 @@ def main(argv=None) -> None:
             row = run_case(workload, ct2_models, args, beams, batch, exact_check=False, memory_only=True)
             memory[name, beams, batch] = {engine: timing.memory_mib for engine, timing in row.timings.items()}
         engines.ALLOCATOR.return_freed_memory(False)
-        for (name, workload, ct2_models), beams, batch in cases:
+        for index, ((name, workload, ct2_models), beams, batch) in enumerate(cases):
+            if args.time_budget and time.perf_counter() - started > args.time_budget:
+                notes.append(f"stopped at the time budget ({args.time_budget:.0f} s): {index} of {len(cases)} cases")
+                break
             log(f"[{time.perf_counter() - started:6.0f}s] {name} beams {beams} batch {batch}")
             row = run_case(workload, ct2_models, args, beams, batch)
             for engine, mib in memory.get((name, beams, batch), {}).items():
                 row.timings[engine].memory_mib = mib
             rows.append(row)
-            log("\n".join(table([row])[2:]))
+            log("\n".join(make_table([row])[2:]))
         for name, workload, ct2_models in workloads:
             if name == "t5-small" and args.lengths:
                 sweep_beams = 4 if 4 in args.beams else max(args.beams)
@@ -359,27 +334,31 @@ def main(argv=None) -> None:
         del workloads, cases
         notes.extend(dict.fromkeys(ct2.notes))
     header = environment(args)
-    report = [f"beamsearch benchmark suite: {header}", "", *descriptions, "", *table(rows)]
-    if sweep:
+    report = [f"beamsearch benchmark suite: {header}", "", *descriptions, "", *make_table(rows)]
+    if args.table == "graphs":
+        report += ["", graphs.NOTE]
+    elif sweep:
         report += ["", f"Time against output length ({sweep_label.split(':')[0]}):", "", *sweep_table(sweep)]
-    report += ["", "HF/ours, CT2/ours, int8/ours: the other engine's time over ours (above 1: ours is faster);"
-               " keep/ours: ours without removing finished examples (remove_finished=False) over ours;"
-               " generic/ours: ours with the generic model step (lean_step=False) over ours;"
-               " shared/ours: ours with share_encoder_state=True (one copy of the encoder state per example) over"
-               " ours; compiled/ours: ours with compile_step=True (torch.compile, after a compiling warm-up) over"
-               " ours; static/ours: ours with compile_step=\"static\" (the fixed-shape lean step, compiled) over ours;"
-               " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
-               " time over it;"
-               " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"
-               " CT2=ours[ct2]: CTranslate2 fp32 equal to beamsearch under semantics=\"ct2\". Peak MiB: growth"
-               " (CPU: peak RSS in a memory pass before the timing, with freed memory returned to the system;"
-               " CUDA: max_memory_allocated over the timed runs, ~ = device memory used by CTranslate2's"
-               " allocator)."]
+    if args.table == "full":
+        report += ["", "HF/ours, CT2/ours, int8/ours: the other engine's time over ours (above 1: ours is faster);"
+                   " keep/ours: ours without removing finished examples (remove_finished=False) over ours;"
+                   " generic/ours: ours with the generic model step (lean_step=False) over ours;"
+                   " shared/ours: ours with share_encoder_state=True (one copy of the encoder state per example) over"
+                   " ours; compiled/ours: ours with compile_step=True (torch.compile, after a compiling warm-up) over"
+                   " ours; static/ours: ours with compile_step=\"static\" (the fixed-shape lean step, compiled) over"
+                   " ours;"
+                   " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
+                   " time over it;"
+                   " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"
+                   " CT2=ours[ct2]: CTranslate2 fp32 equal to beamsearch under semantics=\"ct2\". Peak MiB: growth"
+                   " (CPU: peak RSS in a memory pass before the timing, with freed memory returned to the system;"
+                   " CUDA: max_memory_allocated over the timed runs, ~ = device memory used by CTranslate2's"
+                   " allocator)."]
     if args.device == "cpu" and not Path("/proc/self/clear_refs").exists():
         report.append("Peak memory is not measured on this platform (needs Linux /proc).")
     report += [f"Note: {note}" for note in notes]
     if not args.no_plot and rows:
-        report.append(plot(rows, sweep, sweep_label, args.plot, header))
+        report.append(plot(rows, sweep, sweep_label, args.plot, header, ENGINES))
     report.append(f"total {time.perf_counter() - started:.0f} s")
     text = "\n".join(report)
     print(text)

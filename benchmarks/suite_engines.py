@@ -136,6 +136,7 @@ class Timing:
     memory_approximate: bool = False
     error: str | None = None
     all_seconds: list[float] = field(default_factory=list)
+    cold_seconds: float | None = None  # the first call, where it is timed apart (suite_graphs.graph_timing)
 
 
 def _sync(device: str) -> None:

@@ -26,6 +26,8 @@ T5_SMALL = dict(d_model=512, d_ff=2048, layers=6, heads=8, vocab=32128)
 GPT2_SMALL = dict(n_embd=768, n_inner=3072, n_layer=12, n_head=12, vocab=50257)
 # A small Llama-shaped decoder: grouped-query attention (8 query heads sharing 4 key/value heads, head size 64)
 LLAMA_SMALL = dict(hidden=512, intermediate=1408, layers=8, heads=8, kv_heads=4, vocab=32000)
+# The Llama 3.2 1B shape (1.24B parameters, tied embeddings, llama3 rotary scaling), in bfloat16 on the device
+LLAMA_1B = dict(hidden=2048, intermediate=8192, layers=16, heads=32, kv_heads=8, vocab=128256)
 SOURCE_LENGTH = 32
 NEW_TOKENS = 48
 GPT2_PROMPT_LENGTHS = (8, 32)  # mixed prompt lengths, left-padded
@@ -44,7 +46,7 @@ class Workload:
     description: str
     model: torch.nn.Module
     encoder_decoder: bool
-    hf_dir: Path  # save_pretrained output with a tokenizer: what CTranslate2 converts
+    hf_dir: Path | None  # save_pretrained output with a tokenizer: what CTranslate2 converts (None: not saved)
     vocabulary: list[str]  # token string of each id, as the converted model names them
     sources: list[list[int]]  # unpadded inputs, one per example (the prompt for decoder-only models)
     max_new_tokens: int
@@ -196,15 +198,22 @@ def _g2p(work: Path, count: int) -> Workload:
     )
 
 
-def _decoder_only(name: str, model_class, config, vocab: int, shape_text: str, work: Path, count: int) -> Workload:
+def _decoder_only(name: str, model_class, config, vocab: int, shape_text: str, work: Path, count: int,
+                  device: str = "cpu", dtype: torch.dtype | None = None) -> Workload:
     """A random decoder-only model saved with a word tokenizer, and batched prompts of mixed length (left-padded,
-    EOS suppressed), the same for every decoder-only workload."""
+    EOS suppressed), the same for every decoder-only workload. With ``dtype`` the model is made on ``device`` in
+    that dtype and not saved (no CTranslate2 conversion)."""
     torch.manual_seed(0)
-    model = model_class(config).eval()
-    directory = work / name
-    model.save_pretrained(directory)
     vocabulary = _names(vocab)
-    _word_tokenizer(vocabulary, directory)
+    if dtype is None:
+        model = model_class(config).eval()
+        directory = work / name
+        model.save_pretrained(directory)
+        _word_tokenizer(vocabulary, directory)
+    else:
+        with torch.device(device):
+            model = model_class(config).to(dtype).eval()
+        directory = None
     return Workload(
         name=name, description=f"{shape_text}, prompts of {GPT2_PROMPT_LENGTHS[0]}-{GPT2_PROMPT_LENGTHS[1]} tokens "
         f"left-padded, {NEW_TOKENS} new tokens, EOS suppressed",
@@ -238,11 +247,28 @@ def _llama(work: Path, count: int) -> Workload:
                          "key/value heads, vocab)", work, count)
 
 
-MODELS = ("t5-small", "t5-small-eos", "g2p", "gpt2", "llama")
+def _llama_1b(work: Path, count: int, device: str) -> Workload:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = LLAMA_1B
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                         intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
+                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"], head_dim=64,
+                         max_position_embeddings=131072, tie_word_embeddings=True, rope_parameters=rope,
+                         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+    return _decoder_only("llama-1b", LlamaForCausalLM, config, shape["vocab"],
+                         f"random Llama, Llama 3.2 1B shape {tuple(shape.values())} (hidden, intermediate, layers, "
+                         "heads, key/value heads, vocab), bfloat16", work, count, device, torch.bfloat16)
 
 
-def build(name: str, work: Path, count: int) -> Workload:
-    """The workload ``name`` with ``count`` distinct inputs (batches take the first ones)."""
+MODELS = ("t5-small", "t5-small-eos", "g2p", "gpt2", "llama", "llama-1b")
+
+
+def build(name: str, work: Path, count: int, device: str = "cpu") -> Workload:
+    """The workload ``name`` with ``count`` distinct inputs (batches take the first ones); ``device``: where
+    llama-1b is made (the others are made on the CPU and moved by the caller)."""
     if name == "t5-small":
         return _t5_small(False, work, count)
     if name == "t5-small-eos":
@@ -253,4 +279,6 @@ def build(name: str, work: Path, count: int) -> Workload:
         return _gpt2(work, count)
     if name == "llama":
         return _llama(work, count)
+    if name == "llama-1b":
+        return _llama_1b(work, count, device)
     raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")

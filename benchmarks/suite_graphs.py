@@ -1,0 +1,190 @@
+"""The suite's CUDA-graph comparison: transformers against ours eager and ours with ``cuda_graphs=True``.
+
+- :func:`graph_timing`: the graph engine's first call is timed and measured apart (cold: capture included; its
+  kept step released before, so that peak memory counts the kept cache and the graph's memory pool), then the
+  median of the repeats (warm: the kept graph replayed);
+- :func:`count_ties`: where an engine's best hypothesis differs from transformers', the difference is checked with
+  the parity grid's margin check (``tests/parity_grid.py``: transformers' own top-2 gap at the step where greedy
+  outputs part, or the smallest gap among the best C + 1 beam candidates up to where the n-bests part, and between
+  finished scores), at the tolerance of the model's dtype (``tests/numerics.py``): a near tie, or not;
+- :func:`table`: the Markdown table (times, ratios, tokens/s, equal-to-transformers counts with near ties, peak
+  memory; cold times of the graph engine).
+
+Legend: B examples, K beams, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import suite_engines as engines  # noqa: E402
+from numerics import near_tie, smallest_gap, top2_margin  # noqa: E402
+from parity_grid import _parting_step, _Recorder, _running_scores, _same_rows  # noqa: E402
+
+import beamsearch  # noqa: E402
+from beamsearch.graphs.reuse import release  # noqa: E402
+
+ENGINES = ("hf", "ours", "ours-graphs")
+
+
+def graph_timing(run, repeats: int, device: str) -> engines.Timing:
+    """The cold first call (time and peak memory, kept steps released first), then the median of ``repeats``
+    warm calls. On a CPU (nothing captured or kept) the suite's own timing."""
+    if device != "cuda":
+        return engines.timed(run, repeats, device)
+    release()
+    with engines.PeakMemory(device) as memory:
+        start = time.perf_counter()
+        outputs = run()
+        torch.cuda.synchronize()
+        cold = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        outputs = run()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return engines.Timing(statistics.median(times), outputs, memory.mib, all_seconds=times, cold_seconds=cold)
+
+
+def guarded(name: str, make_timing, notes: list[str]) -> engines.Timing:
+    """``make_timing()``, or a Timing holding the error (its traceback printed), so that the other engines and
+    cases go on."""
+    try:
+        return make_timing()
+    except Exception as error:  # noqa: BLE001 - reported, the suite goes on
+        traceback.print_exc()
+        notes.append(f"{name}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        return engines.Timing(error=f"{type(error).__name__}: {error}")
+
+
+def _host(value):
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+def _recorded_reference(model, inputs: dict, kwargs: dict):
+    """transformers' output (on the host) and its recorded steps: ``[(input_ids [N, t], scores [N, V])]``."""
+    recorder = _Recorder()
+
+    def on_host(input_ids, scores):
+        recorder(input_ids.cpu(), scores.cpu())
+        return scores
+
+    from transformers import LogitsProcessorList
+
+    with torch.no_grad():
+        out = model.generate(**inputs, **kwargs, return_dict_in_generate=True, output_scores=True,
+                             logits_processor=LogitsProcessorList([on_host]))
+    scores = _host(getattr(out, "sequences_scores", None))  # beam search only
+    return types.SimpleNamespace(sequences=out.sequences.cpu(), sequences_scores=scores), recorder.steps
+
+
+def _margins(steps, expected, actual, beams: int, kwargs: dict) -> list[tuple[float, float]]:
+    """``(margin, magnitude)`` of transformers at each example whose best hypotheses differ (the parity grid's
+    rules, one example at a time)."""
+    start = steps[0][0].shape[1]
+    width = max(expected.sequences.shape[1], actual.sequences.shape[1])
+    want = torch.nn.functional.pad(expected.sequences, (0, width - expected.sequences.shape[1]), value=-7)
+    got = torch.nn.functional.pad(actual.sequences, (0, width - actual.sequences.shape[1]), value=-7)
+    differing = (~_same_rows(want, got)).nonzero().flatten().tolist()
+    if beams == 1:
+        out = []
+        for row in differing:
+            step = int((want[row] != got[row]).nonzero()[0]) - start
+            scores = steps[step][1][row : row + 1]
+            out.append((float(top2_margin(scores)[0]), float(scores.max())))
+        return out
+    running = _running_scores(steps, beams)
+    candidates = 2 * beams  # one end token
+    out = []
+    for example in differing:
+        margin, magnitude = float("inf"), 0.0
+        last = _parting_step(want[example : example + 1], got[example : example + 1], start)
+        for step in range(min(last + 1, len(steps))):
+            totals = (running[step][example][:, None]
+                      + steps[step][1].double()[example * beams :][:beams]).flatten()
+            margin = min(margin, smallest_gap(totals, candidates + 1))
+            magnitude = max(magnitude, float(totals.max().abs()))
+        out.append((margin, magnitude))
+    return out
+
+
+def count_ties(workload, inputs: dict, kwargs: dict, row, names=("ours", "ours-graphs")) -> None:
+    """For each engine of ``names`` whose best hypotheses differ from transformers' somewhere: how many of those
+    examples are near ties of transformers' own (``row.ties``) and how many are not (``row.bad``)."""
+    checked = [n for n in names if n in row.equal_hf and row.equal_hf[n] < row.batch]
+    if not checked:
+        return
+    model, dtype = workload.model, next(workload.model.parameters()).dtype
+    expected, steps = _recorded_reference(model, inputs, kwargs)
+    for name in checked:
+        ours = {"cuda_graphs": True} if name == "ours-graphs" else {}
+        with torch.no_grad():
+            sequences = beamsearch.generate(model, **inputs, **kwargs, **ours).cpu()
+        margins = _margins(steps, expected, types.SimpleNamespace(sequences=sequences), kwargs["num_beams"], kwargs)
+        ties = sum(near_tie(margin, magnitude, dtype) for margin, magnitude in margins)
+        row.ties[name], row.bad[name] = ties, len(margins) - ties
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def _equal(row, name: str) -> str:
+    if row.timings.get(name) is not None and row.timings[name].error:
+        return "ERR"
+    if name not in row.equal_hf:
+        return "-"
+    text = f"{row.equal_hf[name]}/{row.batch}"
+    if row.ties.get(name):
+        text += f" +{row.ties[name]} ties"
+    if row.bad.get(name):
+        text += f" !{row.bad[name]} not ties"
+    return text
+
+
+def table(rows: list) -> list[str]:
+    lines = ["| model | search | batch | steps | HF s | ours s | graphs s | graphs cold s | HF/ours | HF/graphs |"
+             " ours/graphs | HF tok/s | ours tok/s | graphs tok/s | =HF ours | =HF graphs |"
+             " peak MiB HF/ours/graphs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        seconds = {name: r.seconds(name) for name in ENGINES}
+        graphs = r.timings.get("ours-graphs")
+
+        def rate(name: str, r=r, seconds=seconds) -> str:
+            return "-" if not seconds[name] or name not in r.tokens else f"{r.tokens[name] / seconds[name]:.0f}"
+
+        memory = "/".join("-" if r.timings.get(n) is None or r.timings[n].memory_mib is None
+                          else f"{r.timings[n].memory_mib:.0f}" for n in ENGINES)
+        lines.append(
+            f"| {r.model} | {'greedy' if r.beams == 1 else f'beam {r.beams}'} | {r.batch} | {r.steps} |"
+            f" {_fmt(seconds['hf'])} | {_fmt(seconds['ours'])} | {_fmt(seconds['ours-graphs'])} |"
+            f" {_fmt(None if graphs is None else graphs.cold_seconds)} | {_ratio(seconds['hf'], seconds['ours'])} |"
+            f" {_ratio(seconds['hf'], seconds['ours-graphs'])} | {_ratio(seconds['ours'], seconds['ours-graphs'])} |"
+            f" {rate('hf')} | {rate('ours')} | {rate('ours-graphs')} | {_equal(r, 'ours')} |"
+            f" {_equal(r, 'ours-graphs')} | {memory} |")
+    return lines
+
+
+NOTE = ("HF/ours, HF/graphs: transformers' time over ours eager and over ours with cuda_graphs=True (above 1: ours is "
+        "faster); ours/graphs: the graphs' speed-up over our eager path. graphs s: the median of warm calls (the "
+        "kept graph replayed); graphs cold s: the first call of that shape (warm-up steps and capture included). "
+        "=HF: best hypotheses equal to transformers'; +n ties: differences at transformers' own near ties (the "
+        "parity grid's margin check at the model dtype's tolerance); !n not ties: differences that are not. Peak "
+        "MiB: torch.cuda.max_memory_allocated growth over the timed calls (graphs: over the cold call, with the "
+        "kept cache and the graph's memory pool).")
