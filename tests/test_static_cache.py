@@ -13,7 +13,7 @@ import pytest
 import torch
 from numerics import assert_scores_close
 
-from beamsearch.graphs.attention import attend
+from beamsearch.graphs.attention import additive, attend, group_mask
 from beamsearch.graphs.buckets import bucket_size, pad_examples, padding_index, real_examples
 from beamsearch.graphs.static_cache import StaticCache
 
@@ -122,7 +122,8 @@ def test_attention_through_the_index_equals_attention_over_a_reordered_cache(hea
         reference_keys[position], reference_values[position] = key, value
         query = torch.randn(B * K, heads, D, generator=generator)
         keys, values = cache.grouped(0)
-        got = attend(query, keys, values, cache.allowed(at), 0.5)  # [N, H*d]
+        mask = group_mask(cache.allowed(at) if position % 2 else additive(cache.allowed(at), query.dtype), heads // G)
+        got = attend(query, keys, values, mask, 0.5)  # [N, H*d]: a boolean mask, or the additive one
         per_row_keys = reference_keys[: position + 1].permute(1, 2, 0, 3).repeat_interleave(heads // G, dim=1)
         per_row_values = reference_values[: position + 1].permute(1, 2, 0, 3).repeat_interleave(heads // G, dim=1)
         expected = torch.nn.functional.scaled_dot_product_attention(query[:, :, None], per_row_keys, per_row_values,
@@ -133,7 +134,16 @@ def test_attention_through_the_index_equals_attention_over_a_reordered_cache(hea
         reference_values = reference_values.index_select(1, parents)
 
 
-def test_a_per_head_mask_needs_one_key_head_per_query_head() -> None:
-    keys = torch.zeros(1, 1, 3, D)
+def test_masks_for_grouped_queries() -> None:
+    """A key/value head's H/G query heads are packed as query positions (head-major): each repeats the K rows' mask;
+    the additive mask is 0 where the boolean one lets through, -inf elsewhere."""
+    allowed = torch.rand(2, 1, 3, 5, generator=torch.Generator().manual_seed(0)) < 0.5  # [B, 1, K, X]
+    grouped = group_mask(allowed, 2)  # [B, 1, 2*K, X]
+    assert grouped.shape == (2, 1, 6, 5)
+    assert torch.equal(grouped[:, :, :3], allowed) and torch.equal(grouped[:, :, 3:], allowed)
+    assert group_mask(allowed, 1) is allowed
+    mask = additive(allowed, torch.bfloat16)
+    assert mask.dtype == torch.bfloat16 and torch.equal(mask == 0, allowed)
+    assert bool(mask[~allowed].eq(-torch.inf).all())
     with pytest.raises(ValueError, match="per-head mask"):
-        attend(torch.zeros(2, 2, D), keys, keys, torch.zeros(1, 2, 2, 3), 1.0)
+        group_mask(torch.zeros(1, 2, 2, 3, dtype=torch.bool), 2)

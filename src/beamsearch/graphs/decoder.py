@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .attention import additive, group_mask
 from .buckets import padding_index
 from .static_cache import StaticCache
 
@@ -56,10 +57,12 @@ class GraphDecoder:
     def static_tensors(self) -> list[torch.Tensor]:
         return [*self.cache.static_tensors(), self.positions, self.padding]
 
-    def mask(self, position: torch.Tensor) -> torch.Tensor:
-        """The step's attention mask ``[B, 1, K, T*K]`` (graph-safe; claims ``position`` for every row first)."""
+    def mask(self, position: torch.Tensor, dtype: torch.dtype, per_group: int = 1) -> torch.Tensor:
+        """The step's additive attention mask in ``dtype``, ``[B, 1, (H/G)*K, T*K]`` for ``per_group`` = H/G query
+        heads per cached head (graph-safe; claims ``position`` for every row first). Made once per step: every
+        layer reads it."""
         self.cache.claim(position)
-        return self.cache.allowed(position, self.padding)
+        return group_mask(additive(self.cache.allowed(position, self.padding), dtype), per_group)
 
     def decode(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """The model at ``position`` (0-d LongTensor) for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32);

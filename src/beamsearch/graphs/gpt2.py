@@ -35,7 +35,7 @@ class GraphGPT2(GraphDecoder):
         rows = tokens.shape[0]
         transformer = self.model.transformer
         hidden = transformer.wte(tokens[:, None]) + transformer.wpe(self.positions[:, None])  # [N, 1, D]
-        mask = self.mask(position)  # [B, 1, K, T*K]
+        mask = self.mask(position, hidden.dtype)  # [B, 1, K, T*K]
         for layer, block in enumerate(self.blocks):
             hidden = self._attention(block.attn, block.ln_1(hidden), layer, position, mask) + hidden
             hidden = hidden + block.mlp(block.ln_2(hidden))

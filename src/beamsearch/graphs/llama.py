@@ -42,7 +42,7 @@ class GraphLlama(GraphDecoder):
         decoder = self.model.model
         hidden = decoder.embed_tokens(tokens[:, None])  # [N, 1, D]
         rotary = decoder.rotary_emb(hidden, self.positions[:, None])  # cos, sin [N, 1, d]
-        mask = self.mask(position)  # [B, 1, K, T*K]
+        mask = self.mask(position, hidden.dtype, self.heads // self.kv_heads)  # [B, 1, (H/G)*K, T*K]
         for index, layer in enumerate(self.layers):
             hidden = hidden + self._attention(layer.self_attn, layer.input_layernorm(hidden), index, position,
                                               rotary, mask)
