@@ -11,3 +11,7 @@ shapes and no host synchronisation, captured once per row bucket and replayed.
 - ``eligibility.py``: what cannot be captured, refused by name;
 - ``driver.py``: the driver that runs a call (the eager path's loop stays ``loop.py``).
 """
+
+from .reuse import release
+
+__all__ = ["release"]
