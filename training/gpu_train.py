@@ -204,6 +204,7 @@ def save_member(path: Path, shape: T5Shape, matrices: torch.Tensor, vectors: tor
     tmp = path.with_suffix(".tmp")
     save_file({n: w.half() for n, w in state.items()}, str(tmp), metadata={"g2p": json.dumps(info)})
     os.replace(tmp, path)
+    path.chmod(0o644)
     log(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
 

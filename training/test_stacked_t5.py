@@ -268,3 +268,20 @@ def test_graph_capture_is_checked_and_leaves_the_state(monkeypatch, broken):
         bucket, index = next(iter(examples.items()))
         graphs.step(bucket, index)
         assert not torch.equal(trainer.params[0], before[0])
+
+
+def test_a_training_step_never_reads_the_device(monkeypatch):
+    """No host read (``.item()``, ``nonzero``, ...) inside a step: one would break a CUDA graph capture."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoHostReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            assert name not in ("_local_scalar_dense", "nonzero", "item", "equal", "is_nonzero"), name
+            return func(*args, **(kwargs or {}))
+
+    trainer, graphs, data = graphed_trainer(monkeypatch, broken=False)
+    bucket, index = data.epoch(0, [1, 2])[0]
+    with NoHostReads():
+        trainer.step(bucket, index, graphs.rate_tensor)
+        trainer.step(bucket, index, 0.3)
