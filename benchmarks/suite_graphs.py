@@ -111,8 +111,8 @@ def _margins(steps, expected, actual, beams: int, kwargs: dict) -> list[tuple[fl
         margin, magnitude = float("inf"), 0.0
         last = _parting_step(want[example : example + 1], got[example : example + 1], start)
         for step in range(min(last + 1, len(steps))):
-            totals = (running[step][example][:, None]
-                      + steps[step][1].double()[example * beams :][:beams]).flatten()
+            scores = steps[step][1][example * beams : (example + 1) * beams].double()  # [K, V]: this example's
+            totals = (running[step][example][:, None] + scores).flatten()
             margin = min(margin, smallest_gap(totals, candidates + 1))
             magnitude = max(magnitude, float(totals.max().abs()))
         out.append((margin, magnitude))
