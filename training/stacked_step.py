@@ -180,7 +180,8 @@ class GraphedSteps:
             self.log(f"CUDA graphs unavailable ({type(e).__name__}: {e}); training eagerly")
             self.graphs.clear()
             self.ready = False
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         restore(self.trainer.state(), saved)
         return self.ready
 
