@@ -385,3 +385,62 @@ def test_a_kept_step_that_fails_is_dropped(keeping, monkeypatch) -> None:
     with pytest.raises(SearchError, match="at step 2"):
         search_model(model, **kwargs)
     assert keeping.kept_count() == 0
+
+
+def test_the_capture_path_with_a_stand_in_for_the_device(keeping, monkeypatch) -> None:
+    """The driver's captured path on the CPU, CUDA's part stood in for: warm-up steps run eagerly, the capture
+    records the step without its effects (the state is restored, as a real capture runs no kernel) and a replay
+    runs it. Two warm-up steps, one capture per shape, replays for every later step and call, the flags read every
+    4 steps (and after the last), and the results of the eager path."""
+    from beamsearch.graphs.runner import StepRunner
+    from beamsearch.graphs.search_state import SearchFlags
+
+    events: list[str] = []
+
+    class StandIn:
+        def __init__(self, step):
+            self.step = step
+
+        def replay(self):
+            events.append("replay")
+            self.step()
+
+    def record(self):
+        events.append("capture")
+        saved = [tensor.clone() for tensor in self.step.static_tensors()]
+        self.step()
+        for tensor, value in zip(self.step.static_tensors(), saved, strict=True):
+            tensor.copy_(value)
+        return StandIn(self.step)
+
+    def warm_up(self):
+        events.append("warm-up")
+        self.step()
+
+    read = SearchFlags.read
+
+    def counted_read(self):
+        events.append("read")
+        return read(self)
+
+    monkeypatch.setattr(driver, "captures", lambda device: True)
+    monkeypatch.setattr(StepRunner, "_record", record)
+    monkeypatch.setattr(StepRunner, "_warm_up", warm_up)
+    monkeypatch.setattr(SearchFlags, "read", counted_read)
+    model, ids, mask = model_and_inputs("t5", 3)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10, num_beams=3, do_sample=False,
+                  min_new_tokens=10)  # ten steps, whatever the end token
+    for call in range(2):
+        events.clear()
+        assert_same_search(search_model(model, **kwargs), search_model(model, cuda_graphs=True, **kwargs))
+        steps = [e for e in events if e != "read"]
+        if call == 0:
+            assert steps == ["warm-up", "warm-up", "capture", *["replay"] * 8]
+        else:
+            assert steps == ["replay"] * 10
+        done, reads = 0, []
+        for event in events:
+            done += event in ("warm-up", "replay")
+            if event == "read":
+                reads.append(done)
+        assert reads == [4, 8, 10]  # every 4 steps and after the last

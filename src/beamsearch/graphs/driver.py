@@ -87,7 +87,7 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
     if options.num_beams > 1:
         check_enough_hypotheses(rows, options.num_return_sequences, vocab, options.eos_token_id, max_length - t0)
     if capture is None:
-        capture = input_ids.device.type == "cuda"
+        capture = captures(input_ids.device)
     key = reuse_key(model, setup, options, fill_token_id, bucket, rows, capacity) if keeps_steps(capture) else None
     kept = None if key is None else kept_step(key)
     state = model_state(model, setup, config, rows, capacity, bucket, None if kept is None else kept.step.model.cache)
@@ -110,6 +110,11 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
     if key is not None and kept is None:
         keep(key, KeptStep(model, step, runner))
     return step.search.result(examples)
+
+
+def captures(device: torch.device) -> bool:
+    """Whether steps on ``device`` are captured in CUDA graphs (elsewhere they run uncaptured)."""
+    return device.type == "cuda"
 
 
 def keeps_steps(capture: bool) -> bool:

@@ -56,7 +56,7 @@ class StepRunner:
         self.step, self.capture, self.pool = step, capture, pool
         self.graph: Any = None
         self.steps = 0  # steps run so far
-        self.side_stream = torch.cuda.Stream() if capture else None
+        self.side_stream: Any = None  # made by the first warm-up step
 
     def __call__(self) -> None:
         if self.graph is not None:
@@ -72,6 +72,8 @@ class StepRunner:
 
     def _warm_up(self) -> None:
         """One eager step on a side stream, ordered after everything before it and before everything after it."""
+        if self.side_stream is None:
+            self.side_stream = torch.cuda.Stream()
         current = torch.cuda.current_stream()
         self.side_stream.wait_stream(current)
         with torch.cuda.stream(self.side_stream):
