@@ -316,7 +316,10 @@ def main(argv=None) -> None:
                 notes.append(f"stopped at the time budget ({args.time_budget:.0f} s): {index} of {len(cases)} cases")
                 break
             log(f"[{time.perf_counter() - started:6.0f}s] {name} beams {beams} batch {batch}")
-            row = run_case(workload, ct2_models, args, beams, batch)
+            row = graphs.guarded(f"{name} beams {beams} batch {batch}", lambda: run_case(
+                workload, ct2_models, args, beams, batch), notes)  # noqa: B023 - called at once
+            if not isinstance(row, Row):  # the case failed (its traceback printed): the others go on
+                continue
             for engine, mib in memory.get((name, beams, batch), {}).items():
                 row.timings[engine].memory_mib = mib
             rows.append(row)
