@@ -78,11 +78,7 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
     max_length = options.resolved_max_length(t0)
     bucket = bucket_size(examples)
     capacity = max(max_length, t0 + 1)  # positions of the cache (the prompt's included)
-    source_lengths = pad_examples(setup["source_lengths"], bucket).repeat_interleave(rows)  # [N]
-    processors = build_processors(options, t0, source_lengths=source_lengths)
-    criteria = build_stopping_criteria(options, t0)
-    check(Request(input_ids, options, max_length, processors, criteria, fill=fill_token_id,
-                  trace=StepTrace(False, False), rows=rows, removal=False))
+    processors = _processors(options, setup, rows, max_length, bucket, fill_token_id)
     vocab = model.get_output_embeddings().weight.shape[0]
     if options.num_beams > 1:
         check_enough_hypotheses(rows, options.num_return_sequences, vocab, options.eos_token_id, max_length - t0)
@@ -110,6 +106,20 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
     if key is not None and kept is None:
         keep(key, KeptStep(model, step, runner))
     return step.search.result(examples)
+
+
+def _processors(options: SearchOptions, setup: dict[str, Any], rows: int, max_length: int, bucket: int,
+                fill_token_id: int) -> list:
+    """The eager search's processors for the bucket's rows (``build_processors``, its order and merging), after
+    the same combination checks as the eager search (``strategies/registry.check``)."""
+    input_ids = setup["input_ids"]
+    t0 = input_ids.shape[1]
+    source_lengths = pad_examples(setup["source_lengths"], bucket).repeat_interleave(rows)  # [N]
+    processors = build_processors(options, t0, source_lengths=source_lengths)
+    criteria = build_stopping_criteria(options, t0)
+    check(Request(input_ids, options, max_length, processors, criteria, fill=fill_token_id,
+                  trace=StepTrace(False, False), rows=rows, removal=False))
+    return processors
 
 
 def captures(device: torch.device) -> bool:
