@@ -29,13 +29,15 @@ TESTED_RANGE = ("4.57.0", "5.24.0")
 BRANCHES = {
     "prefill: model._prefill": ">= 5.0",
     "prefill: cache positions + forward (no _prefill)": "4.57",
-    "next step: prepare_inputs_for_generation(next_sequence_length=)": ">= 5.17",
-    "next step: prepare_inputs_for_generation without next_sequence_length": "4.57 - 5.16",
+    "next step: prepare_inputs_for_generation(next_sequence_length=)": ">= 5.3",
+    "next step: prepare_inputs_for_generation without next_sequence_length": "4.57 - 5.2",
     "cache keyword: cache": ">= 5.24",
     "cache keyword: past_key_values": "4.57 - 5.23",
     "beam sampling: sampled candidates sorted by score": ">= 5.24",
     "prefix_allowed_tokens_fn: batch_id = row // max(num_beams, num_return_sequences)": ">= 5.24",
     "generation config: use_model_defaults parameter": "4.57",
+    "T5 position bias of one query: compute_bias(past_seen_tokens=)": ">= 5.4",
+    "T5 position bias of one query: compute_bias(cache_position=)": "4.57 - 5.3",
 }
 
 
@@ -49,13 +51,21 @@ def version() -> tuple[int, ...]:
 def _parse(text: str) -> tuple[int, ...]:
     parts = []
     for piece in text.split(".")[:3]:
-        digits = "".join(c for c in piece if c.isdigit())
+        digits = piece[: len(piece) - len(piece.lstrip("0123456789"))]  # 5.25.0rc1: the leading digits, 0
         if not digits:
             break
         parts.append(int(digits))
-        if not piece.isdigit():  # 5.25.0.dev0, 5.25.0rc1: stop at the pre-release
-            break
     return tuple(parts)
+
+
+def untested_message(installed: str) -> str | None:
+    """Why a transformers release is not known to work (outside :data:`TESTED_RANGE`), or None."""
+    low, high = (_parse(v) for v in TESTED_RANGE)
+    if low[:2] <= _parse(installed)[:2] <= high[:2]:  # patch releases of a tested minor release count as tested
+        return None
+    return (f"beamsearch's Hugging Face adapter is tested with transformers {TESTED_RANGE[0]} to {TESTED_RANGE[1]} "
+            f"(patch releases of those minor releases included); transformers {installed} is installed: generate() "
+            f"may fail or differ from model.generate")
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,12 +73,9 @@ def warn_if_untested() -> None:
     """Warn once when the installed transformers is outside :data:`TESTED_RANGE`."""
     import transformers
 
-    installed = _parse(transformers.__version__)
-    low, high = (_parse(v) for v in TESTED_RANGE)
-    if not low <= installed[: len(high)] <= high:
-        warnings.warn(f"beamsearch's Hugging Face adapter is tested with transformers {TESTED_RANGE[0]} to "
-                      f"{TESTED_RANGE[1]}; transformers {transformers.__version__} is installed: generate() may fail "
-                      f"or differ from model.generate", UserWarning, stacklevel=3)
+    message = untested_message(transformers.__version__)
+    if message is not None:
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------------------------- preparation
@@ -197,7 +204,7 @@ def prefill(model: Any, input_ids: torch.Tensor, generation_config: Any, model_k
 def next_step(model: Any, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> Any:
     """A later forward of the decoding loop (one new token per row with the cache).
 
-    5.17 and later: ``prepare_inputs_for_generation(input_ids, next_sequence_length=1 or None, ...)``; before, the
+    5.3 and later: ``prepare_inputs_for_generation(input_ids, next_sequence_length=1 or None, ...)``; before, the
     method derives the new positions from the cache position itself.
     """
     if "next_sequence_length" in _parameters(model.prepare_inputs_for_generation):
@@ -217,6 +224,16 @@ def update_kwargs(model: Any, outputs: Any, model_kwargs: dict[str, Any]) -> dic
 
 def _parameters(function: Any) -> Any:
     return inspect.signature(function).parameters
+
+
+def t5_position_bias(attention: Any, position: int, device: torch.device) -> torch.Tensor:
+    """The relative position bias ``[1, H, 1, position + 1]`` of the decoder query at ``position`` over every key up
+    to it: T5Attention's own ``compute_bias``, which takes the query's offset as ``past_seen_tokens`` (5.4 and
+    later) or as ``cache_position`` (a tensor of the query positions, before)."""
+    if "past_seen_tokens" in _parameters(attention.compute_bias):
+        return attention.compute_bias(1, position + 1, device=device, past_seen_tokens=position)
+    query = torch.tensor([position], dtype=torch.long, device=device)
+    return attention.compute_bias(1, position + 1, device=device, cache_position=query)
 
 
 # ---------------------------------------------------------------------------------------------- search semantics

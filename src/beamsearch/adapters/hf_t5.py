@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from .hf_compat import t5_position_bias
 from .lean_cache import TimeMajorCache
 
 
@@ -192,7 +193,7 @@ class LeanT5State:
         if isinstance(position, torch.Tensor):
             bias = self.bias_table.index_select(1, position.view(1))[None]  # [1, H, 1, T]
         else:
-            bias = self.bias_module.compute_bias(1, position + 1, device=tokens.device, past_seen_tokens=position)
+            bias = t5_position_bias(self.bias_module, position, tokens.device)
             bias = bias.view(1, self.heads, 1, position + 1)  # [1, H, 1, t]
         for layer, block in enumerate(self.blocks):
             hidden = _clamp_float16(self._self_attention(block.layer[0], hidden, bias, layer, position))

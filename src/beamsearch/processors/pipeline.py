@@ -154,7 +154,10 @@ def build_processors(
     if eos is not None and options.min_new_tokens is not None and options.min_new_tokens > 0:
         defaults.append(MinNewTokensLengthLogitsProcessor(prompt_length, options.min_new_tokens, eos))
     if prefix_allowed_tokens_fn is not None:
-        defaults.append(PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, options.num_beams))
+        # transformers 5.24 counts batch ids per example when sampling several sequences; 5.18 added the fallback
+        rows = max(options.num_beams, options.num_return_sequences) if options.hf_at_least(5, 24) else options.num_beams
+        defaults.append(PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, rows,
+                                                         unsatisfiable_fallback=options.hf_at_least(5, 18)))
     if options.forced_bos_token_id is not None:
         defaults.append(ForcedBOSTokenLogitsProcessor(options.forced_bos_token_id))
     if options.forced_eos_token_id is not None:

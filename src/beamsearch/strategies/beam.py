@@ -54,10 +54,12 @@ class BeamSearch(PoolSearch):
         sequence_scorer: SequenceScorer | None = None,
         unique_key: UniqueKey | None = None,
         output_alignments: bool = False,
+        sort_samples: bool = True,
     ):
         super().__init__(input_ids, num_beams, max_length, processors, criteria, trace)
         (b, t0), k, device = input_ids.shape, num_beams, input_ids.device
         self.do_sample, self.eos_token_id = do_sample, eos_token_id
+        self.sort_samples = sort_samples  # beam sampling: candidates by total, best first (transformers >= 5.24)
         self.length_penalty, self.early_stopping = length_penalty, early_stopping
         self.num_return_sequences = num_return_sequences
         self.num_candidates = max(2, 1 + len(eos_token_id or ())) * k
@@ -153,7 +155,10 @@ class BeamSearch(PoolSearch):
             # and a NaN in the totals (the model's NaN or +inf) is fatal whatever the live scores (a live score far
             # below MASK, e.g. logits of 1e30, is still a live beam)
             self.watch.flag(invalid & (self.live.scores > MASK / 2).any(dim=1) | torch.isnan(totals).any(dim=1))
-            scores = torch.gather(totals, 1, flat)  # [B, C]
+            scores = torch.gather(totals, 1, flat)  # [B, C], in the order drawn
+            if self.sort_samples:
+                scores, order = scores.sort(dim=-1, descending=True)
+                flat = flat.gather(1, order)
         else:
             scores, flat = self._choose_candidates(log_probs)  # [B, C]
             self.watch.flag(torch.isnan(scores).any(dim=1))  # a NaN in any of the example's rows is ranked first

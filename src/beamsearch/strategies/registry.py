@@ -177,7 +177,7 @@ def _beam(r: Request) -> Any:
     return BeamSearch(r.input_ids, o.num_beams, r.max_length, r.processors, r.criteria, fill_token_id=r.fill,
                       early_stopping=o.early_stopping, num_return_sequences=o.num_return_sequences,
                       remove_finished=r.removal, sequence_scorer=r.sequence_scorer, unique_key=r.unique_key,
-                      output_alignments=r.output_alignments, **_common(r))
+                      output_alignments=r.output_alignments, sort_samples=o.hf_at_least(5, 24), **_common(r))
 
 
 def _sampling(r: Request) -> Any:
