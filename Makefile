@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-envs lint bench docs clean
+.PHONY: run test test-envs test-transformers lint bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ ENVS := OMP_NUM_THREADS=1 OMP_NUM_THREADS=2 ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CA
 test-envs: $(STAMP)
 	@for setting in $(ENVS); do echo "== $$setting"; env $$setting $(BIN)/python -m pytest -q -p no:warnings || exit 1; done
 
+# the adapter, parity and exact-parity tests under other transformers releases than the pinned one, each in its own
+# environment beside .venv with the same torch (.ci/transformers_env.sh); CI runs the oldest, a middle and the
+# newest supported release (docs/testing.md lists every release tested)
+VERSIONS ?= 4.57.6 5.12.1 5.24.0
+
+test-transformers: $(STAMP)
+	.ci/test_transformers.sh $(VERSIONS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 
@@ -47,4 +55,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) site
+	rm -rf $(VENV) .venv-transformers site

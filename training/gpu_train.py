@@ -247,6 +247,9 @@ def parse(argv: Sequence[str] | None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--graphs", choices=("auto", "on", "off"), default="auto", help="CUDA graphs (auto: on a GPU)")
     ap.add_argument("--teachers", type=int, default=4)
+    ap.add_argument("--return-teachers", type=int, default=3,
+                    help="write the best N teachers by greedy dev WER (the device returns at most 64 MiB: 3 teachers "
+                         "and a student of ~15 MB; every teacher still teaches the students)")
     ap.add_argument("--seed", type=int, default=3001, help="member k's seed is seed + k (students: seed + 100 + k)")
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--d-ff", type=int, default=1024)
@@ -326,7 +329,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                       teacher_deadline, a, curve)
     del trainer
     record["teachers"] = {**phase, "members": [{"seed": s, **i} for s, i in zip(seeds, info, strict=True)]}
-    for k in range(a.teachers):
+    returned = sorted(range(a.teachers), key=lambda k: key(info[k]["dev_greedy"]))[: a.return_teachers]
+    record["teachers"]["returned"] = sorted(returned)
+    for k in sorted(returned):
         save_member(a.weights_out / f"teacher{k}.safetensors", shape, t_m[k], t_v[k],
                     {"role": "teacher", "member": k, "seed": seeds[k], **phase, **info[k], **export_facts})
     ensemble = dev_keys(model, t_m, t_v, dev, vocab, ensemble=True)[0]
