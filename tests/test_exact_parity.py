@@ -14,7 +14,7 @@ import pytest
 import torch
 from parity_grid import assert_bitwise_output, case_inputs, random_case, run_both
 from test_hf_adapter import tiny_tokenizer
-from tiny_hf import MODEL_NAMES, random_inputs, tiny_model
+from tiny_hf import MODEL_NAMES, random_inputs, reference_generate, tiny_model
 
 import beamsearch
 
@@ -52,7 +52,7 @@ def test_stop_strings_user_processors_and_allowed_tokens_are_bitwise(name):
                   output_scores=True, output_logits=True, num_beams=4, num_return_sequences=2,
                   stop_strings=["he", "q"], tokenizer=tiny_tokenizer(), logits_processor=[ban_token_seven],
                   prefix_allowed_tokens_fn=allowed)
-    expected = model.generate(**common)
+    expected = reference_generate(model, **common)
     actual = beamsearch.generate(model, **common, exact_parity=True)
     assert_bitwise_output(expected, actual)
 

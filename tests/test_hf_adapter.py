@@ -8,7 +8,7 @@ import pytest
 import torch
 from numerics import assert_scores_close
 from parity_grid import assert_equivalent_output
-from tiny_hf import random_inputs, tiny_model
+from tiny_hf import random_inputs, reference_generate, tiny_model
 
 import beamsearch
 
@@ -122,7 +122,7 @@ def test_stop_strings_match_transformers(name, search):
     ids, mask = random_inputs(model, 3, torch.Generator().manual_seed(11))
     common = dict(max_new_tokens=10, return_dict_in_generate=True, output_scores=True,
                   stop_strings=["he", "q", "nd"], tokenizer=tokenizer, **search)
-    expected = model.generate(input_ids=ids, attention_mask=mask, **common)
+    expected = reference_generate(model, input_ids=ids, attention_mask=mask, **common)
     actual = beamsearch.generate(model, input_ids=ids, attention_mask=mask, **common)
     assert_equivalent_output(expected, actual)
 

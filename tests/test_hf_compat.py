@@ -55,6 +55,9 @@ def _taken(branch: str) -> bool:
             T5Attention.compute_bias),
         "T5 position bias of one query: compute_bias(cache_position=)": "cache_position" in _parameters(
             T5Attention.compute_bias),
+        "GPT-2 attention scale: attention.scaling": hasattr(tiny_model("gpt2").transformer.h[0].attn, "scaling"),
+        "GPT-2 attention scale: from config.scale_attn_weights": not hasattr(tiny_model("gpt2").transformer.h[0].attn,
+                                                                            "scaling"),
     }
     return model_has[branch]
 
@@ -158,3 +161,8 @@ def test_t5_position_bias_is_the_row_of_the_full_table():
     for position in (0, 3, 8):
         bias = hf_compat.t5_position_bias(attention, position, torch.device("cpu"))
         assert torch.equal(bias[0, :, 0], table[:, position, : position + 1])
+
+
+def test_gpt2_attention_scaling_is_the_inverse_square_root_of_the_head_size():
+    attention = tiny_model("gpt2").transformer.h[0].attn
+    assert hf_compat.gpt2_attention_scaling(attention) == pytest.approx(attention.head_dim**-0.5)

@@ -80,6 +80,22 @@ def random_inputs(model, batch_size: int, generator: torch.Generator):
     return ids, mask
 
 
+def reference_generate(model, **kwargs):
+    """``model.generate(**kwargs)``; with ``stop_strings``, transformers 4.x passes the tokenizer on to an
+    encoder-decoder model's forward, which refuses it: there the same criterion generate would build (a
+    ``StopStringCriteria`` of the tokenizer and strings) is given as a stopping criterion instead."""
+    try:
+        return model.generate(**kwargs)
+    except TypeError as error:
+        if "tokenizer" not in str(error) or kwargs.get("stop_strings") is None:
+            raise
+    from transformers import StopStringCriteria
+
+    kwargs = dict(kwargs)
+    criterion = StopStringCriteria(tokenizer=kwargs.pop("tokenizer"), stop_strings=kwargs.pop("stop_strings"))
+    return model.generate(**kwargs, stopping_criteria=[*kwargs.pop("stopping_criteria", ()), criterion])
+
+
 def generate_both(model, ours: dict | None = None, seed: int = 7, **kwargs):
     """``model.generate(**kwargs)`` and ``beamsearch.generate(model, **kwargs, **ours)`` (``ours``: options only
     beamsearch takes), each after ``torch.manual_seed(seed)`` so that sampling draws alike: (transformers', ours)."""

@@ -121,7 +121,7 @@ def search(
         options, prompt_length, per_row["padding_lengths"], list(logits_processor),
         source_lengths=per_row["source_lengths"], prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
         target_prefix=per_row["target_prefix"], prefix_bias_beta=_check_bias(prefix_bias_beta),
-        encoder_input_ids=per_row["encoder_input_ids"],
+        encoder_input_ids=per_row["encoder_input_ids"], rows_per_example=rows,
     )
     criteria = build_stopping_criteria(options, prompt_length, tokenizer, list(stopping_criteria))
     request = Request(

@@ -38,6 +38,8 @@ BRANCHES = {
     "generation config: use_model_defaults parameter": "4.57",
     "T5 position bias of one query: compute_bias(past_seen_tokens=)": ">= 5.4",
     "T5 position bias of one query: compute_bias(cache_position=)": "4.57 - 5.3",
+    "GPT-2 attention scale: attention.scaling": ">= 5.4",
+    "GPT-2 attention scale: from config.scale_attn_weights": "4.57 - 5.3",
 }
 
 
@@ -234,6 +236,14 @@ def t5_position_bias(attention: Any, position: int, device: torch.device) -> tor
         return attention.compute_bias(1, position + 1, device=device, past_seen_tokens=position)
     query = torch.tensor([position], dtype=torch.long, device=device)
     return attention.compute_bias(1, position + 1, device=device, cache_position=query)
+
+
+def gpt2_attention_scaling(attention: Any) -> float:
+    """What GPT2Attention multiplies the query-key products by: its ``scaling`` attribute (5.4 and later); before,
+    the attention divided by ``sqrt(head_dim)`` when ``scale_attn_weights`` (the same factor up to rounding)."""
+    if hasattr(attention, "scaling"):
+        return attention.scaling
+    return attention.head_dim**-0.5 if attention.scale_attn_weights else 1.0
 
 
 # ---------------------------------------------------------------------------------------------- search semantics

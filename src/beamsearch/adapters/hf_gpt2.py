@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from .hf_compat import gpt2_attention_scaling
 from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
 
@@ -67,7 +68,8 @@ class LeanGPT2State(LeanDecoderState):
                  fixed_shape: bool = False):
         self.blocks = list(model.transformer.h)
         attention = self.blocks[0].attn
-        self.heads, self.width, self.scaling = attention.num_heads, attention.split_size, attention.scaling
+        self.heads, self.width = attention.num_heads, attention.split_size
+        self.scaling = gpt2_attention_scaling(attention)
         super().__init__(model, model_kwargs, generation_config, max_length, cache_heads=self.heads,
                          head_size=attention.head_dim, dtype=model.transformer.wte.weight.dtype,
                          fixed_shape=fixed_shape)

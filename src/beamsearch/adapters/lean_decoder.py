@@ -137,8 +137,9 @@ class LeanDecoderState:
         for layer, past in enumerate(cache.layers):  # the prompt's [B, G, P, d] into [T, N, G, d]
             for buffer, prompt in ((self.cache.keys[layer], past.keys), (self.cache.values[layer], past.values)):
                 buffer[: self.prompt_length] = prompt.index_select(0, expansion).permute(2, 0, 1, 3)
-        self.positions = kwargs["position_ids"].expand(examples, -1)[:, -1].index_select(0, expansion) + 1
         prompt_mask = kwargs.get("attention_mask")
+        self.positions = _next_positions(kwargs.get("position_ids"), prompt_mask, examples, self.prompt_length,
+                                         tokens.device).index_select(0, expansion)
         padded = prompt_mask is not None and not bool(prompt_mask.all())
         if padded or (not self.sdpa and (prompt_mask is not None or self.eager_mask_always)):
             self.mask = self._fresh_mask(rows)
@@ -179,6 +180,18 @@ class LeanDecoderState:
             return allowed.view(-1, 1, 1, capacity)
         mask = self.mask if self.mask is not None else torch.zeros(capacity, dtype=self.dtype, device=future.device)
         return mask.masked_fill(future, torch.finfo(self.dtype).min).view(-1, 1, 1, capacity)
+
+
+def _next_positions(position_ids: torch.Tensor | None, mask: torch.Tensor | None, examples: int,
+                    prompt_length: int, device: torch.device) -> torch.Tensor:
+    """The position id of each example's next token ``[B]``: one past the prompt's last (transformers 5.17 and later
+    prepare ``position_ids`` in generate); else, as the model derives them, the count of the prompt's unmasked
+    tokens (``cumsum(mask) - 1`` at the last, left-padded, position, plus one), or the prompt length."""
+    if position_ids is not None:
+        return position_ids.expand(examples, -1)[:, -1] + 1
+    if mask is not None:
+        return mask.long().sum(dim=-1)
+    return torch.full((examples,), prompt_length, dtype=torch.long, device=device)
 
 
 def lean_decoder_step(tokens: torch.Tensor, state: LeanDecoderState) -> tuple[torch.Tensor, LeanDecoderState]:

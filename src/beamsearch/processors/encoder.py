@@ -26,27 +26,37 @@ class EncoderRepetitionPenaltyLogitsProcessor(LogitsProcessor):
     """Scale the scores of the tokens present in the row's source by ``1 / penalty``: with penalty > 1 they are
     encouraged (a hallucination penalty: ``s / p`` where ``s < 0``, else ``s * p``).
 
+    Transformers before 5.22 gathered the ``[B, S]`` source ids from the ``[B*K, V]`` scores, so that row ``r < B``
+    took example ``r``'s source and the other rows none: ``applies`` ``[N]`` (with ``encoder_input_ids`` holding the
+    source of example ``r`` in row ``r``) reproduces that; None: every row, its own example's source.
+
     Args:
         penalty: p > 0.
         encoder_input_ids: LongTensor ``[N, S]``, each row's source ids.
+        applies: BoolTensor ``[N]``, the rows penalised (None: all).
     """
 
-    def __init__(self, penalty: float, encoder_input_ids: torch.Tensor):
+    def __init__(self, penalty: float, encoder_input_ids: torch.Tensor, applies: torch.Tensor | None = None):
         self.encoder_penalty = check_float("encoder_repetition_penalty", penalty, 0.0, float("inf"), low_open=True,
                                            high_open=True)
         self.penalty = 1 / self.encoder_penalty  # transformers' arithmetic: multiply by 1 / p, divide by 1 / p
         self.encoder_input_ids = _source_rows("encoder_repetition_penalty", encoder_input_ids)
+        self.applies = applies
 
     def select_rows(self, index: torch.Tensor) -> EncoderRepetitionPenaltyLogitsProcessor:
+        applies = None if self.applies is None else self.applies.index_select(0, index.to(self.applies.device))
         return EncoderRepetitionPenaltyLogitsProcessor(self.encoder_penalty,
-                                                       self.encoder_input_ids.index_select(0, index))
+                                                       self.encoder_input_ids.index_select(0, index), applies)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
         source = self.encoder_input_ids.to(scores.device)  # [N, S]
         score = torch.gather(scores, 1, source)  # [N, S]
         score = torch.where(score < 0, score * self.penalty, score / self.penalty)
-        return scores.scatter(1, source, score)
+        processed = scores.scatter(1, source, score)
+        if self.applies is None:
+            return processed
+        return torch.where(self.applies.to(scores.device)[:, None], processed, scores)
 
 
 class EncoderNoRepeatNGramLogitsProcessor(LogitsProcessor):

@@ -94,6 +94,19 @@ class SkipLeadingTokens:
         return SkipLeadingTokens(self.processor.select_rows(index), self.count)
 
 
+def _encoder_repetition_penalty(options: SearchOptions, encoder_input_ids: torch.Tensor,
+                                rows_per_example: int) -> EncoderRepetitionPenaltyLogitsProcessor:
+    """transformers 5.22 and later: each row its example's source; before, row r < B example r's and the other rows
+    none (its processor gathered ``[B, S]`` ids from ``[B*K, V]`` scores)."""
+    if options.hf_at_least(5, 22) or rows_per_example == 1:
+        return EncoderRepetitionPenaltyLogitsProcessor(options.encoder_repetition_penalty, encoder_input_ids)
+    examples = encoder_input_ids[::rows_per_example]  # [B, S]
+    rows = encoder_input_ids.shape[0]
+    ids = torch.cat([examples, encoder_input_ids[examples.shape[0] :]])  # [N, S]: row r < B example r's
+    applies = torch.arange(rows, device=encoder_input_ids.device) < examples.shape[0]
+    return EncoderRepetitionPenaltyLogitsProcessor(options.encoder_repetition_penalty, ids, applies)
+
+
 def build_processors(
     options: SearchOptions,
     prompt_length: int,
@@ -104,6 +117,7 @@ def build_processors(
     target_prefix: list[list[int]] | None = None,
     prefix_bias_beta: float = 0.0,
     encoder_input_ids: torch.Tensor | None = None,
+    rows_per_example: int = 1,
 ) -> ProcessorList:
     """The processors of a search, in the order of Hugging Face ``_get_logits_processor``.
 
@@ -115,7 +129,7 @@ def build_processors(
         options: the search options.
         prompt_length: ``t0``, the length of the start tokens.
         padding_lengths: LongTensor ``[N]`` of leading pad positions per row, ignored by the
-            repetition penalty; None if there is no padding.
+            repetition penalty (as transformers 5.23 and later); None if there is no padding.
         user_processors: extra processors ``(input_ids [N, t], scores [N, V]) -> scores [N, V]``.
         source_lengths: LongTensor ``[N]`` of each row's source length (for ``max_len_a`` / ``max_len_b``).
         prefix_allowed_tokens_fn: ``(batch_id, tokens [t]) -> allowed token ids``, as in ``generate``.
@@ -123,6 +137,7 @@ def build_processors(
         prefix_bias_beta: > 0: bias toward ``target_prefix`` instead of forcing it (the last processor).
         encoder_input_ids: LongTensor ``[N, S]``, each row's source ids (``encoder_repetition_penalty``,
             ``encoder_no_repeat_ngram_size``).
+        rows_per_example: K, the rows of an example (``encoder_input_ids`` repeats each example's ids K times).
 
     Returns:
         A :class:`ProcessorList`.
@@ -136,8 +151,10 @@ def build_processors(
         if used and encoder_input_ids is None:
             raise ValueError(f"{name} needs the source ids: search(..., encoder_input_ids=[B, S] LongTensor)")
     if encoder_options["encoder_repetition_penalty"]:
-        defaults.append(EncoderRepetitionPenaltyLogitsProcessor(options.encoder_repetition_penalty, encoder_input_ids))
+        defaults.append(_encoder_repetition_penalty(options, encoder_input_ids, rows_per_example))
     if options.repetition_penalty != 1.0:
+        if not options.hf_at_least(5, 23):  # transformers ignores the left padding from 5.23 on
+            padding_lengths = None
         ignore = padding_lengths + skip if padding_lengths is not None else (skip or None)
         defaults.append(RepetitionPenaltyLogitsProcessor(options.repetition_penalty, ignore))
     if options.no_repeat_ngram_size > 0:
