@@ -26,7 +26,7 @@ class EncoderRepetitionPenaltyLogitsProcessor(LogitsProcessor):
     """Scale the scores of the tokens present in the row's source by ``1 / penalty``: with penalty > 1 they are
     encouraged (a hallucination penalty: ``s / p`` where ``s < 0``, else ``s * p``).
 
-    Transformers before 5.22 gathered the ``[B, S]`` source ids from the ``[B*K, V]`` scores, so that row ``r < B``
+    Transformers before 5.19 gathered the ``[B, S]`` source ids from the ``[B*K, V]`` scores, so that row ``r < B``
     took example ``r``'s source and the other rows none: ``applies`` ``[N]`` (with ``encoder_input_ids`` holding the
     source of example ``r`` in row ``r``) reproduces that; None: every row, its own example's source.
 

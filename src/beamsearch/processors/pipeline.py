@@ -96,9 +96,9 @@ class SkipLeadingTokens:
 
 def _encoder_repetition_penalty(options: SearchOptions, encoder_input_ids: torch.Tensor,
                                 rows_per_example: int) -> EncoderRepetitionPenaltyLogitsProcessor:
-    """transformers 5.22 and later: each row its example's source; before, row r < B example r's and the other rows
+    """transformers 5.19 and later: each row its example's source; before, row r < B example r's and the other rows
     none (its processor gathered ``[B, S]`` ids from ``[B*K, V]`` scores)."""
-    if options.hf_at_least(5, 22) or rows_per_example == 1:
+    if options.hf_at_least(5, 19) or rows_per_example == 1:
         return EncoderRepetitionPenaltyLogitsProcessor(options.encoder_repetition_penalty, encoder_input_ids)
     examples = encoder_input_ids[::rows_per_example]  # [B, S]
     rows = encoder_input_ids.shape[0]
