@@ -95,6 +95,18 @@ def test_an_untested_release_is_named_with_the_tested_range():
         assert message is not None and "4.57.0 to 5.24.0" in message and release in message
 
 
+def test_importing_the_adapter_under_an_untested_release_warns_once():
+    """A fresh interpreter with transformers' version patched before the adapter is imported."""
+    import subprocess
+    import sys
+
+    code = ("import warnings, transformers; transformers.__version__ = '9.1.0'; "
+            "warnings.simplefilter('always'); "
+            "import beamsearch.adapters.hf, beamsearch.adapters.hf_ensemble")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.count("tested with transformers 4.57.0 to 5.24.0") == 1, out.stderr
+
+
 def test_an_untested_release_warns_once(monkeypatch):
     import sys
 

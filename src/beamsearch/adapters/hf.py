@@ -20,12 +20,14 @@ from ..graphs.eligibility import check_graph_call
 from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
 from ..streaming import streamer_listener
+from . import hf_compat
 from .fast_t5 import fast_encoder
-from .hf_compat import generation_config_for
 from .hf_inputs import REJECTED_ARGUMENTS, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
 from .hf_steps import model_step
+
+hf_compat.warn_if_untested()  # once, naming the tested releases, where another is installed
 
 
 @torch.no_grad()
@@ -161,7 +163,7 @@ def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stop
     if set(per_example) - {"attention_mask"}:
         raise ValueError(f"max_rows supports input_ids and attention_mask, not {sorted(set(per_example))}")
     probe = {k: v for k, v in kwargs.items() if k not in TOOLKIT_OPTIONS and not isinstance(v, torch.Tensor)}
-    config = generation_config_for(model, generation_config, probe)
+    config = hf_compat.generation_config_for(model, generation_config, probe)
     if config.return_dict_in_generate and (config.output_scores or config.output_logits):
         raise ValueError("max_rows cannot be combined with output_scores / output_logits (per-step tensors)")
     semantics = kwargs.get("semantics") or "hf"

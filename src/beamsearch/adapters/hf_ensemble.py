@@ -15,9 +15,12 @@ import torch
 from ..engine import search
 from ..ensemble import ensemble_step
 from ..results import SearchResult
+from . import hf_compat
 from .hf_inputs import REJECTED_ARGUMENTS, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_steps import model_step
+
+hf_compat.warn_if_untested()  # once, naming the tested releases, where another is installed
 
 
 @torch.no_grad()

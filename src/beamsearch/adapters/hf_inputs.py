@@ -37,7 +37,6 @@ def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, A
     ``encode(input_ids, attention_mask)``: the encoder's last hidden state ``[B, S, D]`` computed another way
     (``lean_step="fast"``), instead of the model's encoder; used only where generate would run the encoder on the
     token ids and a padding mask the caller gave (or ids without padding), nothing else."""
-    hf_compat.warn_if_untested()
     has_default_max_length = (
         kwargs.get("max_length") is None
         and (generation_config is None or generation_config.max_length is None)
