@@ -19,11 +19,11 @@
 # suite-gpu.md (or, stopped early, suite-gpu.partial.md: the rows it finished), cuda_tests.log, status.txt. The
 # exit status is the first failing step's.
 #
-# Without network access: the Hugging Face adapter follows transformers' private generation helpers of the pinned
-# version (requirements-dev.txt); GenerationMixin._maybe_prepare_encoder_kwargs_for_generation, which it calls,
-# appeared in transformers 5.18. If the machine has an older transformers, put the wheels of the pinned one (and of
-# a huggingface_hub it accepts) in $GPU_WHEELS (default runs/gpu_wheels, an ignored folder: carry it); they are
-# unpacked into a temporary folder placed first on PYTHONPATH (no pip, no network).
+# Without network access: the Hugging Face adapter works with the transformers releases it is tested with (4.57 to
+# 5.24, adapters/hf_compat.py); the machine's own (5.17 in the device image) is one. To measure with the pinned one
+# (requirements-dev.txt) instead, put its wheel (and a huggingface_hub it accepts) in $GPU_WHEELS (default
+# runs/gpu_wheels, an ignored folder: carry it); they are unpacked into a temporary folder placed first on
+# PYTHONPATH (no pip, no network).
 #
 # Settings (environment): PYTHON (python3), OUT, GPU_WHEELS, TIME_BUDGET (seconds for the whole run, 300),
 # SUITE_DEVICE (cuda; cpu only to try this script where there is no GPU), SUITE_MODELS, SUITE_BEAMS, SUITE_BATCHES,
@@ -87,13 +87,13 @@ for name in ("transformers", "huggingface_hub", "tokenizers", "safetensors", "nu
     except Exception as error:  # noqa: BLE001 - report and go on
         print(name, "not importable:", type(error).__name__, str(error).splitlines()[0] if str(error) else "")
 try:
-    from transformers.generation.utils import GenerationMixin
+    import transformers
 
-    if not hasattr(GenerationMixin, "_maybe_prepare_encoder_kwargs_for_generation"):
-        print("WARNING: this transformers lacks GenerationMixin._maybe_prepare_encoder_kwargs_for_generation "
-              "(added in 5.18): beamsearch.generate may fail (see GPU_WHEELS in benchmarks/gpu_check.sh)")
+    from beamsearch.adapters.hf_compat import untested_message
+
+    print(untested_message(transformers.__version__) or "transformers release in the tested range")
 except Exception as error:  # noqa: BLE001
-    print("transformers generation utilities not importable:", error)
+    print("transformers not importable:", error)
 PY
 } 2>&1 | tee -a "$OUT/environment.log"
 
