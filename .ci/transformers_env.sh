@@ -13,7 +13,8 @@ env=".venv-transformers/$version"
 base_site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 if [ ! -f "$env/.installed" ]; then
     rm -rf "$env"
-    python3 -m venv "$env"
+    # the interpreter .venv was made with: the .pth below reads .venv's site-packages, built for that Python
+    "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$env"
     site="$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     echo "import site; site.addsitedir('$base_site')" > "$site/zz_development_venv.pth"
     # pip sees .venv's packages through the .pth file: it installs only what this release needs otherwise
