@@ -11,9 +11,11 @@ The computation is Hugging Face's ``T5ForConditionalGeneration`` (T5 v1.0 layout
 layer norms without bias, attention without 1/sqrt(d) scaling, relative position buckets shared by the layers of a
 stack, tied embeddings with the decoder output scaled by d_model^-0.5), with the same dropout sites and the same
 initialisation; :func:`hf_state_dict` gives a member's weights under transformers' names, and
-``training/test_stacked_t5.py`` checks the logits against transformers on the CPU.
+``training/test_stacked_t5.py`` checks the logits against transformers on the CPU. The masks of the dropout sites come
+from ``stacked_dropout.py`` (no random number generator inside a step).
 
-Legend: K members, B batch, S source length, T target length, V vocabulary, H heads, d d_model, P flat parameters.
+Legend: K members, B batch, S source length, T target length, N = B * T rows, V vocabulary, H heads, d d_model,
+P flat parameters.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from stacked_dropout import NO_DROPOUT, Dropout
 
 PAD, EOS, UNK = 0, 1, 2
-NEG = -1e9  # additive mask: large and finite (scores are float32)
+NEG = -1e9  # additive mask: large and finite (in bfloat16 too)
 
 
 @dataclass(frozen=True)
@@ -152,24 +155,17 @@ def relative_buckets(length: int, bidirectional: bool, buckets: int, max_distanc
     return bucket + torch.where(distance < exact, distance, large)
 
 
-def dropout(x: torch.Tensor, p: float | torch.Tensor, training: bool) -> torch.Tensor:
-    """Inverted dropout. ``p`` a float: torch's fused kernel; a 0-dim tensor: a mask from ``rand_like`` (a CUDA graph
-    captures the tensor, so its rate can change between replays, 0 included)."""
-    if not training:
-        return x
-    if isinstance(p, torch.Tensor):
-        keep = (torch.rand_like(x, dtype=torch.float32) >= p).to(x.dtype)
-        return x * keep / (1 - p).to(x.dtype)
-    return F.dropout(x, p, True) if p > 0 else x
-
-
 class StackedT5:
     """The forward of K T5 models of one :class:`T5Shape` over flat weights (holds no weights itself).
 
+    The residual stream is [K, N, d] (N = B * T rows per member), so every projection is one ``torch.bmm`` with no
+    reshape; attention runs over [K * B * H, T, d_kv] with the position bias and mask added by ``torch.baddbmm``.
+    Dropout is a :class:`~stacked_dropout.Dropout` (a slice of one precomputed mask per site; none when evaluating).
+
     Args:
         shape: the model's dimensions.
-        compute_dtype: the dtype of the matrix products (bfloat16 on a GPU, float32 on the CPU); the residual
-            stream, layer norms, softmax and logits stay float32.
+        compute_dtype: the dtype of the matrix products and attention (bfloat16 on a GPU, float32 on the CPU); the
+            residual stream, layer norms and logits stay float32.
         device: where the position-bucket tables live.
     """
 
@@ -179,17 +175,20 @@ class StackedT5:
         layout = entries(shape)
         self.matrix_entries = [e for e in layout if e.matrix]
         self.vector_entries = [e for e in layout if not e.matrix]
+        # layer norm weights viewed as [1, d] so that they broadcast over [K, N, d]
+        self.vector_shapes = tuple((1, *e.shape) if len(e.shape) == 1 else e.shape for e in self.vector_entries)
         self.max_length = 128
         self.enc_buckets = relative_buckets(self.max_length, True, shape.buckets, shape.max_distance).to(device)
         self.dec_buckets = relative_buckets(self.max_length, False, shape.buckets, shape.max_distance).to(device)
         causal = torch.ones(self.max_length, self.max_length, dtype=torch.bool).triu(1)
         self.causal_mask = (causal.float() * NEG).to(device)  # [T, T]
+        self.vocab_ids = torch.arange(shape.vocab_size, device=device)
         self._one_hot: dict[tuple[int, int], torch.Tensor] = {}  # (bucket table, length) -> [length^2, buckets]
 
     def weights(self, matrices: torch.Tensor, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views [K, ...] of the flat weights; matrices cast to the compute dtype (a differentiable cast)."""
         named = _Unflatten.apply(matrices.to(self.dtype), tuple(e.shape for e in self.matrix_entries))
-        vecs = _Unflatten.apply(vectors, tuple(e.shape for e in self.vector_entries))
+        vecs = _Unflatten.apply(vectors, self.vector_shapes)
         out = {e.name: w for e, w in zip(self.matrix_entries, named, strict=True)}
         out.update({e.name: w for e, w in zip(self.vector_entries, vecs, strict=True)})
         return out
@@ -197,87 +196,98 @@ class StackedT5:
     # ------------------------------------------------------------------------------------------- pieces
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMS layer norm (float32), scaled by ``weight`` [K, d], cast to the compute dtype. x: [K, B, T, d]."""
-        return (F.rms_norm(x, (x.shape[-1],), eps=self.shape.eps) * weight[:, None, None, :]).to(self.dtype)
+        """RMS layer norm (float32) of x [K, N, d], scaled by ``weight`` [K, 1, d], cast to the compute dtype."""
+        return (F.rms_norm(x, (x.shape[-1],), eps=self.shape.eps) * weight).to(self.dtype)
+
+    def _split_heads(self, x: torch.Tensor, batch: int, parts: int) -> tuple[torch.Tensor, ...]:
+        """[K, B * T, parts * H * dk] -> ``parts`` contiguous tensors [K * B * H, T, dk]."""
+        k, n, _ = x.shape
+        h, dk = self.shape.heads, self.shape.d_kv
+        t = n // batch
+        heads = x.view(k, batch, t, parts, h, dk).permute(3, 0, 1, 4, 2, 5).reshape(parts, k * batch * h, t, dk)
+        return heads.unbind(0)
+
+    def _merge_heads(self, x: torch.Tensor, members: int, batch: int) -> torch.Tensor:
+        """[K * B * H, T, dk] -> [K, B * T, H * dk]."""
+        _, t, dk = x.shape
+        h = self.shape.heads
+        return x.view(members, batch, h, t, dk).permute(0, 1, 3, 2, 4).reshape(members, batch * t, h * dk)
 
     @staticmethod
-    def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [K, ..., in] @ w [K, in, out] -> [K, ..., out]."""
-        k = x.shape[0]
-        return torch.bmm(x.reshape(k, -1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1])
-
-    def _heads(self, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
-        """[K, B, T, parts * H * dk] -> ``parts`` tensors [K, B, H, T, dk]."""
-        k, b, t, _ = x.shape
-        return x.view(k, b, t, parts, self.shape.heads, self.shape.d_kv).permute(3, 0, 1, 4, 2, 5).unbind(0)
-
-    def _attend(self, q, k, v, bias, p, training: bool) -> torch.Tensor:
-        """Unscaled dot-product attention; bias broadcasts to [K, B, H, Tq, Tk] (float32). Returns [K, B, Tq, H*dk]."""
-        scores = torch.matmul(q, k.transpose(-1, -2)).float() + bias
-        probs = dropout(scores.softmax(-1), p, training).to(v.dtype)
-        out = torch.matmul(probs, v)  # [K, B, H, Tq, dk]
-        kk, b, h, t, dk = out.shape
-        return out.transpose(2, 3).reshape(kk, b, t, h * dk)
+    def _attend(q, k, v, bias: torch.Tensor, drop: Dropout) -> torch.Tensor:
+        """Unscaled dot-product attention over [K * B * H, T, dk]; ``bias`` [K * B * H, Tq or 1, Tk] in the compute
+        dtype. Returns [K * B * H, Tq, dk]."""
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2))
+        return torch.bmm(drop(scores.softmax(-1)), v)
 
     def _position_bias(self, table: torch.Tensor, rel: torch.Tensor, length: int) -> torch.Tensor:
-        """rel [K, buckets, H] looked up for [length, length] -> [K, 1, H, length, length] float32 (as a product with
-        a cached one-hot table: no index kernels, whose backward scatters)."""
+        """rel [K, buckets, H] looked up for [length, length] -> [K, 1, H, length, length] float32 (as one product
+        with a cached one-hot table: no index kernels, whose backward scatters)."""
         cache_key = (table.data_ptr(), length)
         if cache_key not in self._one_hot:
             buckets = table[:length, :length].reshape(-1)
             self._one_hot[cache_key] = (buckets[:, None] == torch.arange(rel.shape[1], device=table.device)).float()
-        bias = torch.matmul(self._one_hot[cache_key], rel.float())  # [K, length * length, H]
-        return bias.view(rel.shape[0], length, length, -1).permute(0, 3, 1, 2).unsqueeze(1)
+        k, n, h = rel.shape
+        bias = torch.mm(self._one_hot[cache_key], rel.transpose(0, 1).reshape(n, k * h))  # [length^2, K * H]
+        return bias.view(length, length, k, h).permute(2, 3, 0, 1).unsqueeze(1)
+
+    def _flat_bias(self, bias: torch.Tensor, batch: int) -> torch.Tensor:
+        """[K, B or 1, H or 1, Tq, Tk] float32 -> [K * B * H, Tq, Tk] in the compute dtype."""
+        k, _, _, tq, tk = bias.shape
+        h = self.shape.heads
+        return bias.expand(k, batch, h, tq, tk).reshape(k * batch * h, tq, tk).to(self.dtype)
 
     def _embed(self, w: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
-        """ids [K, B, T] -> [K, B, T, d] float32, each member its own table (a one-hot product, for the same reason)."""
-        table = w["shared"]
-        one_hot = (ids[..., None] == torch.arange(table.shape[1], device=ids.device)).to(table.dtype)
-        return self._linear(one_hot, table).float()
+        """ids [K, B, T] -> [K, B * T, d] float32, each member its own table (a one-hot product: no scatter)."""
+        k = ids.shape[0]
+        one_hot = (ids.reshape(k, -1, 1) == self.vocab_ids).to(self.dtype)  # [K, B * T, V]
+        return torch.bmm(one_hot, w["shared"]).float()
 
-    def _feed_forward(self, w, prefix: str, x, p, training: bool) -> torch.Tensor:
-        h = torch.relu(self._linear(self._norm(x, w[prefix + "ln_ff"]), w[prefix + "wi"]))
-        h = self._linear(dropout(h, p, training), w[prefix + "wo"])
-        return x + dropout(h, p, training)
+    def _feed_forward(self, w, prefix: str, x: torch.Tensor, drop: Dropout) -> torch.Tensor:
+        h = torch.relu(torch.bmm(self._norm(x, w[prefix + "ln_ff"]), w[prefix + "wi"]))
+        return x + drop(torch.bmm(drop(h), w[prefix + "wo"]))
 
-    def _self_attention(self, w, prefix: str, x, bias, p, training: bool) -> torch.Tensor:
-        q, k, v = self._heads(self._linear(self._norm(x, w[prefix + "ln0"]), w[prefix + "qkv"]), 3)
-        out = self._linear(self._attend(q, k, v, bias, p, training), w[prefix + "o"])
-        return x + dropout(out, p, training)
+    def _self_attention(self, w, prefix: str, x: torch.Tensor, bias: torch.Tensor, batch: int,
+                        drop: Dropout) -> torch.Tensor:
+        q, k, v = self._split_heads(torch.bmm(self._norm(x, w[prefix + "ln0"]), w[prefix + "qkv"]), batch, 3)
+        out = self._merge_heads(self._attend(q, k, v, bias, drop), x.shape[0], batch)
+        return x + drop(torch.bmm(out, w[prefix + "o"]))
 
     # --------------------------------------------------------------------------------------------- stacks
 
-    def encode(self, w: dict[str, torch.Tensor], src: torch.Tensor, p: float | torch.Tensor = 0.0,
-               training: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """src [K, B, S] (PAD-padded) -> (encoder output [K, B, S, d] float32, source mask [K, B, 1, 1, S])."""
-        s = src.shape[-1]
+    def encode(self, w: dict[str, torch.Tensor], src: torch.Tensor,
+               drop: Dropout = NO_DROPOUT) -> tuple[torch.Tensor, torch.Tensor]:
+        """src [K, B, S] (PAD-padded) -> (encoder output [K, B * S, d] float32, key mask [K, B, 1, 1, S] float32)."""
+        k, b, s = src.shape
         mask = (src == PAD).float()[:, :, None, None, :] * NEG
-        bias = self._position_bias(self.enc_buckets, w["encoder.rel"], s) + mask  # [K, B, H, S, S]
-        x = dropout(self._embed(w, src), p, training)
+        bias = self._flat_bias(self._position_bias(self.enc_buckets, w["encoder.rel"], s) + mask, b)
+        x = drop(self._embed(w, src))
         for n in range(self.shape.layers):
-            x = self._self_attention(w, f"encoder.{n}.", x, bias, p, training)
-            x = self._feed_forward(w, f"encoder.{n}.", x, p, training)
-        x = F.rms_norm(x, (x.shape[-1],), eps=self.shape.eps) * w["encoder.final_ln"][:, None, None, :]
-        return dropout(x, p, training), mask
+            x = self._self_attention(w, f"encoder.{n}.", x, bias, b, drop)
+            x = self._feed_forward(w, f"encoder.{n}.", x, drop)
+        return drop(F.rms_norm(x, (x.shape[-1],), eps=self.shape.eps) * w["encoder.final_ln"]), mask
 
     def decode(self, w: dict[str, torch.Tensor], dec: torch.Tensor, enc: torch.Tensor, mask: torch.Tensor,
-               p: float | torch.Tensor = 0.0, training: bool = False) -> torch.Tensor:
+               drop: Dropout = NO_DROPOUT) -> torch.Tensor:
         """Teacher-forced decoder: dec [K, B, T] (start token first) -> logits [K, B, T, V] float32."""
-        t = dec.shape[-1]
-        bias = self._position_bias(self.dec_buckets, w["decoder.rel"], t) + self.causal_mask[:t, :t]
+        k, b, t = dec.shape
+        bias = self._flat_bias(self._position_bias(self.dec_buckets, w["decoder.rel"], t) + self.causal_mask[:t, :t], b)
+        cross_bias = self._flat_bias(mask, b)  # [K * B * H, 1, S]
         memory = enc.to(self.dtype)
-        x = dropout(self._embed(w, dec), p, training)
+        x = drop(self._embed(w, dec))
         for n in range(self.shape.layers):
             prefix = f"decoder.{n}."
-            x = self._self_attention(w, prefix, x, bias, p, training)
-            q = self._heads(self._linear(self._norm(x, w[prefix + "ln_x"]), w[prefix + "xq"]), 1)[0]
-            k, v = self._heads(self._linear(memory, w[prefix + "xkv"]), 2)
-            x = x + dropout(self._linear(self._attend(q, k, v, mask, p, training), w[prefix + "xo"]), p, training)
-            x = self._feed_forward(w, prefix, x, p, training)
-        x = F.rms_norm(x, (x.shape[-1],), eps=self.shape.eps) * w["decoder.final_ln"][:, None, None, :]
-        x = dropout(x, p, training) * self.shape.d_model**-0.5
-        logits = self._linear(x.to(self.dtype), w["shared"].transpose(1, 2))
-        return logits.float()
+            x = self._self_attention(w, prefix, x, bias, b, drop)
+            q = self._split_heads(torch.bmm(self._norm(x, w[prefix + "ln_x"]), w[prefix + "xq"]), b, 1)[0]
+            keys, values = self._split_heads(torch.bmm(memory, w[prefix + "xkv"]), b, 2)
+            out = self._merge_heads(self._attend(q, keys, values, cross_bias, drop), k, b)
+            x = x + drop(torch.bmm(out, w[prefix + "xo"]))
+            x = self._feed_forward(w, prefix, x, drop)
+        # the tied output's d_model^-0.5 is folded into the final norm's weight (dropout commutes with it)
+        scale = w["decoder.final_ln"] * self.shape.d_model**-0.5
+        x = drop(F.rms_norm(x, (x.shape[-1],), eps=self.shape.eps) * scale).to(self.dtype)
+        logits = torch.bmm(x, w["shared"].transpose(1, 2))  # [K, B * T, V]
+        return logits.float().view(k, b, t, -1)
 
 
 # ------------------------------------------------------------------------------------------------- export

@@ -1,6 +1,8 @@
-"""The GPU trainer's pieces against transformers and torch, on the CPU (not in CI's ``tests/``; run by hand):
+"""The GPU trainer's model, losses and optimizer against transformers and torch, on the CPU (not in CI's ``tests/``;
+run by hand, with the trainer's other tests):
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q training/test_stacked_t5.py
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q training/test_stacked_t5.py training/test_stacked_dropout.py \
+        training/test_stacked_step.py training/test_stacked_graphs.py
 """
 
 from __future__ import annotations
@@ -14,20 +16,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stacked_step import (  # noqa: E402
-    AdamW,
-    GraphedSteps,
-    Objective,
-    StackTrainer,
-    clip_per_member,
-    distillation_loss,
-    reference_loss,
-)
+from stacked_fixtures import SHAPE  # noqa: E402
+from stacked_step import AdamW, clip_per_member, distillation_loss, reference_loss  # noqa: E402
 from stacked_t5 import (  # noqa: E402
     PAD,
     StackedT5,
     T5Shape,
-    dropout,
     flat_from_hf,
     group_sizes,
     hf_state_dict,
@@ -37,8 +31,6 @@ from stacked_t5 import (  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)
-
-SHAPE = T5Shape(vocab_size=101, d_model=32, d_ff=48, layers=2, heads=4, d_kv=8)
 
 
 def hf_model(shape: T5Shape, state: dict[str, torch.Tensor]):
@@ -115,9 +107,12 @@ def test_unflatten_gradient_is_the_sliced_gradient():
 
     def plain_weights(m, v):  # autograd's own slicing views instead of _Unflatten
         out = {}
-        for flat, group in ((m, model.matrix_entries), (v, model.vector_entries)):
+        groups = ((m, model.matrix_entries, [e.shape for e in model.matrix_entries]),
+                  (v, model.vector_entries, model.vector_shapes))
+        for flat, group, shapes in groups:
             parts = flat.split([math.prod(e.shape) for e in group], dim=1)
-            out.update({e.name: part.reshape(flat.shape[0], *e.shape) for e, part in zip(group, parts, strict=True)})
+            out.update({e.name: part.reshape(flat.shape[0], *shape)
+                        for e, part, shape in zip(group, parts, shapes, strict=True)})
         return out
 
     def loss(m, v, weights):
@@ -131,15 +126,6 @@ def test_unflatten_gradient_is_the_sliced_gradient():
     e_m, e_v = torch.autograd.grad(loss(m2, v2, plain_weights), [m2, v2])
     torch.testing.assert_close(g_m, e_m)
     torch.testing.assert_close(g_v, e_v)
-
-
-def test_tensor_rate_dropout():
-    x = torch.ones(200_000)
-    assert torch.equal(dropout(x, torch.tensor(0.0), True), x)
-    y = dropout(x, torch.tensor(0.3), True)
-    assert abs((y == 0).float().mean().item() - 0.3) < 0.01
-    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.7))
-    assert torch.equal(dropout(x, 0.3, False), x)
 
 
 def test_adamw_equals_torch():
@@ -184,104 +170,3 @@ def test_losses():
     # distillation towards a one-hot teacher equals the unsmoothed cross entropy
     target = torch.nn.functional.one_hot(labels.clamp(min=0), 5).float()
     torch.testing.assert_close(distillation_loss(logits, target, labels), reference_loss(logits, labels, 0.0))
-
-
-class FakeCuda:
-    """Stand-ins for the CUDA graph API on the CPU: "capturing" runs the step once and records it, a replay runs it
-    again with whatever the static tensors then hold (a real graph records kernels, not Python)."""
-
-    def __init__(self, monkeypatch, broken: bool = False):
-        recording = {}
-
-        class Graph:
-            def replay(self):
-                if not broken:
-                    recording[self]()
-
-        class Capture:
-            def __init__(self, graph, pool=None):
-                self.graph = graph
-
-            def __enter__(self):
-                recording["current"] = self.graph
-
-            def __exit__(self, *exc):
-                return False
-
-        class Stream:
-            def wait_stream(self, other):
-                pass
-
-        class StreamContext:
-            def __init__(self, stream):
-                pass
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                return False
-
-        self.recording = recording
-        for name, value in {"CUDAGraph": Graph, "graph": Capture, "Stream": Stream, "stream": StreamContext,
-                            "current_stream": Stream, "graph_pool_handle": lambda: None,
-                            "synchronize": lambda: None}.items():
-            monkeypatch.setattr(torch.cuda, name, value)
-
-
-def graphed_trainer(monkeypatch, broken: bool):
-    from stacked_data import BucketedData
-
-    fake = FakeCuda(monkeypatch, broken)
-    matrices, vectors = init_flat(SHAPE, seeds=[1, 2])
-    g = torch.Generator().manual_seed(0)
-    pairs = [(torch.randint(3, 30, (n,), generator=g).tolist() + [1], torch.randint(32, 101, (n,), generator=g)
-              .tolist() + [1]) for n in [3, 4, 5, 6, 7] * 8]
-    data = BucketedData(pairs, 8, torch.device("cpu"), lengths=(5, 64))
-    trainer = StackTrainer(StackedT5(SHAPE), matrices, vectors, data, Objective(0.1))
-    trainer.optimizer.lr.fill_(1e-3)
-    graphs = GraphedSteps(trainer, 0.3, log=print)
-    original = trainer.step
-
-    def step(bucket, index, rate):  # record what a capture would replay
-        if fake.recording.get("current") is not None:
-            graph = fake.recording.pop("current")
-            fake.recording[graph] = lambda: original(bucket, graphs.index[bucket], graphs.rate_tensor)
-        original(bucket, index, rate)
-
-    trainer.step = step
-    return trainer, graphs, data
-
-
-@pytest.mark.parametrize("broken", [False, True])
-def test_graph_capture_is_checked_and_leaves_the_state(monkeypatch, broken):
-    trainer, graphs, data = graphed_trainer(monkeypatch, broken)
-    before = [t.clone() for t in trainer.state()]
-    examples = {}
-    for bucket, index in data.epoch(0, [1, 2]):
-        examples.setdefault(bucket, index)
-    assert graphs.capture(examples) is (not broken)
-    for t, b in zip(trainer.state(), before, strict=True):
-        assert torch.equal(t, b)
-    assert float(graphs.rate_tensor) == pytest.approx(0.3)
-    if not broken:  # a replay trains with the index copied in
-        bucket, index = next(iter(examples.items()))
-        graphs.step(bucket, index)
-        assert not torch.equal(trainer.params[0], before[0])
-
-
-def test_a_training_step_never_reads_the_device(monkeypatch):
-    """No host read (``.item()``, ``nonzero``, ...) inside a step: one would break a CUDA graph capture."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class NoHostReads(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            assert name not in ("_local_scalar_dense", "nonzero", "item", "equal", "is_nonzero"), name
-            return func(*args, **(kwargs or {}))
-
-    trainer, graphs, data = graphed_trainer(monkeypatch, broken=False)
-    bucket, index = data.epoch(0, [1, 2])[0]
-    with NoHostReads():
-        trainer.step(bucket, index, graphs.rate_tensor)
-        trainer.step(bucket, index, 0.3)
