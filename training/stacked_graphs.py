@@ -34,6 +34,16 @@ def clear_cublas_workspaces() -> None:
         clear()
 
 
+def end_allocating_to_pool(pool) -> None:
+    """After a failed ``capture_end``: the capture is over (``cudaStreamEndCapture`` ends it, success or not) but
+    ``capture_end`` raised before telling the caching allocator, which would otherwise go on treating a capture as
+    underway (no event processing, no release of cached blocks). Best effort: a private torch API."""
+    try:
+        torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), pool)
+    except Exception:
+        pass
+
+
 def step_difference(replayed: Sequence[torch.Tensor], eager: Sequence[torch.Tensor], before: Sequence[torch.Tensor],
                     ) -> float:
     """How far a replayed step is from the eager one, both from the weights ``before``: the largest relative
@@ -135,7 +145,11 @@ class GraphedSteps:
             try:
                 self.trainer.step(bucket, self.index[bucket])
             finally:
-                graph.capture_end()
+                try:
+                    graph.capture_end()
+                except Exception:
+                    end_allocating_to_pool(pool)
+                    raise
         return graph
 
     def _check(self, examples: dict[int, torch.Tensor], saved: list[torch.Tensor]) -> tuple[float, bool]:
