@@ -11,6 +11,7 @@ Legend: K members, P flat parameters.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -130,6 +131,9 @@ def run_phase(name: str, trainer: StackTrainer, data: BucketedData, dev: DevSet,
                 log(f"{name} step {step} epoch {step / steps_per_epoch:.1f} lr {lr:.2e} loss "
                     f"{' '.join(f'{x:.3f}' for x in losses)} {rate:.1f} steps/s "
                     f"({rate * data.batch_size * k:.0f} pairs/s over {k} members)")
+                if not any(math.isfinite(x) for x in losses):  # (one member's NaN: the dev choice passes it over)
+                    log(f"{name}: every member's loss is not finite: the phase stops and chooses")
+                    break
             if step % a.eval_every == 0:
                 t0 = time.time()
                 scores = dev_keys(model, params[0].detach(), params[1].detach(), dev, vocab)
