@@ -1,24 +1,28 @@
 """The main job's speed: the embedded G2P model on CMUdict test words, ours against CTranslate2 and transformers.
 
-Decodes the first ``--words`` test words (lowercased, as the CLI feeds the embedded model), sorted by length into
-batches of ``--batch`` as the CLI batches them, greedy and at ``--beams``, with every engine in one process on
-the same inputs:
+Decodes the first ``--words`` test words (lowercased, as the CLI feeds the embedded model) in batches of
+``--batch``, sorted by length as the CLI batches them (or, with ``--unsorted``, in file order), greedy and at
+``--beams``, with every engine in one process on the same inputs:
 
 - ``hf``: transformers' ``generate`` (which ignores the model's ``loop_guard`` and source-tied length limit);
-- ``ours``: beamsearch's default (the lean T5 step, results equal to transformers' kernels);
-- ``ours-fast``: ``lean_step="fast"`` (packed weights, its own attention; not bitwise);
-- ``ours-int8`` / ``ours-fast-int8``: the same on ``quantize_int8(model)``;
+- ``ours``: beamsearch's default (the fast T5 step: packed weights, fused products, its own attention; equal to
+  float rounding);
+- ``ours-lean``: ``lean_step=True`` (the lean T5 step: the model's own kernels, logits equal to transformers');
+- ``ours-int8``: ours on ``quantize_int8(model)`` with the fast step (``lean_step="fast"``, what the CLI's
+  ``--int8`` runs: the folded weights requantized per output row);
 - ``ct2-fp32`` / ``ct2-int8``: CTranslate2 on the same model converted by its own converter (``beam_size``,
   ``max_decoding_length`` as ours; its patience 1 stops a beam search at K finished hypotheses, never later
   than ours).
 
 Timing: ``--repeats`` rounds after a warm-up round; each round runs every engine once, in turn, so that a busy
-moment of the machine spreads over all of them; the median round is reported. Columns: seconds, words/s, the
-time over CTranslate2's at the same precision (the issue-21 targets: at most 1.25x float32, 1.5x int8), the share
-of words whose best output equals ours (default step) and CTranslate2's (same precision), and the WER without
-stress against CMUdict's pronunciations.
+moment of the machine spreads over all of them. Columns: the median round's seconds and the spread (fastest and
+slowest round), words/s, the time over CTranslate2's at the same precision (issue 29's targets: at most 1.0x
+float32 for ours, 1.25x int8), the share of words whose best output equals the lean step's (transformers'
+kernels) and CTranslate2's (same precision), and the WER without stress against CMUdict's pronunciations. The
+machine's load average is printed before and after.
 
     .venv/bin/python benchmarks/g2p_speed.py [--words 512] [--batch 64] [--beams 5] [--threads 1] [--repeats 5]
+        [--unsorted] [--engines ours,ct2-fp32,...] [--no-hf]
 
 Prints a markdown table. Nothing is written except CTranslate2's converted models (in a temporary directory).
 """
@@ -26,6 +30,7 @@ Prints a markdown table. Nothing is written except CTranslate2's converted model
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -38,8 +43,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 G2P_DIR = ROOT / "src" / "beamsearch" / "models" / "g2p_cmudict"
 WORDS = ROOT / "src" / "beamsearch" / "data" / "cmudict" / "test.tsv"
-OURS = ("ours", "ours-fast", "ours-int8", "ours-fast-int8")
-TARGETS = {"fp32": 1.25, "int8": 1.5}  # time over CTranslate2's at the same precision (issue 21)
+ENGINES = ("ours", "ours-lean", "ours-int8", "ct2-fp32", "ct2-int8", "hf")
+TARGETS = {"ours": 1.0, "ours-int8": 1.25}  # time over CTranslate2's at the same precision (issue 29)
+AGREEMENT = 0.99  # the share of words whose best output equals CTranslate2's (issue 29)
 
 
 def precision(engine: str) -> str:
@@ -73,13 +79,13 @@ def hf_engine(model, tokenizer, batches: list[list[str]], beams: int):
 
 
 def ct2_engine(translator, tokenizer, batches: list[list[str]], beams: int, max_new_tokens: int):
-    tokens = [[tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(words)["input_ids"]] for words in batches]
     specials = set(tokenizer.all_special_tokens)
 
     def run() -> list[list[str]]:
         outputs = []
-        for batch in tokens:
-            for result in translator.translate_batch(batch, beam_size=beams, max_decoding_length=max_new_tokens,
+        for words in batches:
+            tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(words)["input_ids"]]
+            for result in translator.translate_batch(tokens, beam_size=beams, max_decoding_length=max_new_tokens,
                                                      num_hypotheses=1):
                 text = tokenizer.convert_tokens_to_string([t for t in result.hypotheses[0] if t not in specials])
                 outputs.append(text.split())
@@ -88,22 +94,27 @@ def ct2_engine(translator, tokenizer, batches: list[list[str]], beams: int, max_
     return run
 
 
-def load_ct2(work: Path, threads: int) -> tuple[dict, list[str]]:
+def load_ct2(work: Path, threads: int, wanted: set[str]) -> tuple[dict, list[str]]:
+    if not wanted:
+        return {}, []
     try:
         import ctranslate2
     except Exception as error:  # noqa: BLE001 - any import failure only skips CTranslate2
         return {}, [f"CTranslate2 skipped: cannot import it ({type(error).__name__}: {error})"]
     translators = {}
     for quantization in ("float32", "int8"):
+        name = f"ct2-{'fp32' if quantization == 'float32' else 'int8'}"
+        if name not in wanted:
+            continue
         out = work / f"g2p-{quantization}"
         ctranslate2.converters.TransformersConverter(str(G2P_DIR)).convert(str(out), quantization=quantization)
-        translators[f"ct2-{'fp32' if quantization == 'float32' else 'int8'}"] = ctranslate2.Translator(
-            str(out), device="cpu", compute_type=quantization, intra_threads=threads, inter_threads=1)
+        translators[name] = ctranslate2.Translator(str(out), device="cpu", compute_type=quantization,
+                                                   intra_threads=threads, inter_threads=1)
     return translators, []
 
 
-def measure(engines: dict, repeats: int) -> tuple[dict[str, float], dict[str, list[list[str]]]]:
-    """Median seconds per engine over ``repeats`` rounds (after one warm-up round), and each engine's outputs."""
+def measure(engines: dict, repeats: int) -> tuple[dict[str, list[float]], dict[str, list[list[str]]]]:
+    """Seconds of each round per engine (``repeats`` rounds after one warm-up round), and each engine's outputs."""
     outputs = {name: run() for name, run in engines.items()}  # the warm-up round
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(repeats):
@@ -111,7 +122,11 @@ def measure(engines: dict, repeats: int) -> tuple[dict[str, float], dict[str, li
             start = time.perf_counter()
             run()
             seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in seconds.items()}, outputs
+    return seconds, outputs
+
+
+def load() -> str:
+    return "/".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def main(argv=None) -> None:
@@ -121,8 +136,13 @@ def main(argv=None) -> None:
     parser.add_argument("--beams", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--unsorted", action="store_true", help="batches in file order (the CLI sorts by length)")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
     parser.add_argument("--no-hf", action="store_true", help="leave transformers' generate out (the slowest)")
     args = parser.parse_args(argv)
+    names = [name for name in args.engines.split(",") if name and not (args.no_hf and name == "hf")]
+    if not set(names) <= set(ENGINES):
+        parser.error(f"--engines: a subset of {ENGINES}")
     torch.set_num_threads(args.threads)
     import transformers
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -132,54 +152,62 @@ def main(argv=None) -> None:
 
     transformers.utils.logging.disable_progress_bar()
     model = AutoModelForSeq2SeqLM.from_pretrained(G2P_DIR, dtype=torch.float32).eval()
-    quantized = quantize_int8(model)
+    quantized = quantize_int8(model) if "ours-int8" in names else None
     tokenizer = AutoTokenizer.from_pretrained(G2P_DIR)
-    entries = sorted(read_references(WORDS)[: args.words], key=lambda entry: len(entry[0]))
+    entries = read_references(WORDS)[: args.words]
+    if not args.unsorted:
+        entries = sorted(entries, key=lambda entry: len(entry[0]))
     words = [source.lower() for source, _ in entries]
     batches = [words[i : i + args.batch] for i in range(0, len(words), args.batch)]
     max_new_tokens = int(model.generation_config.max_new_tokens)
     with tempfile.TemporaryDirectory() as work:
-        translators, notes = load_ct2(Path(work), args.threads)
-        print(f"{len(words)} CMUdict test words, batches of {args.batch} sorted by length; "
+        translators, notes = load_ct2(Path(work), args.threads, {n for n in names if n.startswith("ct2")})
+        order = "in file order" if args.unsorted else "sorted by length"
+        print(f"{len(words)} CMUdict test words, batches of {args.batch} {order}; "
               f"{platform.processor() or platform.machine()}, {args.threads} thread(s); torch {torch.__version__}, "
               f"transformers {transformers.__version__}, ctranslate2 "
-              f"{sys.modules['ctranslate2'].__version__ if translators else '-'}; median of {args.repeats} rounds")
+              f"{sys.modules['ctranslate2'].__version__ if translators else '-'}; median of {args.repeats} "
+              f"interleaved rounds; load average before: {load()}")
         for note in notes:
             print(note)
-        print("\n| search | engine | s | words/s | / CT2 same precision | = ours | = CT2 same precision | WER % |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        print("\n| search | engine | s | spread s | words/s | / CT2 same precision | = lean | = CT2 same precision "
+              "| WER % |")
+        print("|---|---|---:|---|---:|---:|---:|---:|---:|")
         verdicts = []
+
+        def make_engine(name: str, beams: int):
+            if name == "hf":
+                return hf_engine(model, tokenizer, batches, beams)
+            if name.startswith("ct2"):
+                return ct2_engine(translators[name], tokenizer, batches, beams, max_new_tokens)
+            step = {"ours": {}, "ours-lean": {"lean_step": True}, "ours-int8": {"lean_step": "fast"}}[name]
+            return ours_engine(quantized if name == "ours-int8" else model, tokenizer, batches, beams, **step)
+
         with torch.no_grad():
             for beams in (1, args.beams):
-                engines = {
-                    "ours": ours_engine(model, tokenizer, batches, beams),
-                    "ours-fast": ours_engine(model, tokenizer, batches, beams, lean_step="fast"),
-                    "ours-int8": ours_engine(quantized, tokenizer, batches, beams),
-                    "ours-fast-int8": ours_engine(quantized, tokenizer, batches, beams, lean_step="fast"),
-                    **{name: ct2_engine(t, tokenizer, batches, beams, max_new_tokens)
-                       for name, t in translators.items()},
-                }
-                if not args.no_hf:
-                    engines["hf"] = hf_engine(model, tokenizer, batches, beams)
-                seconds, outputs = measure(engines, args.repeats)
+                engines = {name: make_engine(name, beams) for name in names
+                           if not name.startswith("ct2") or name in translators}
+                rounds, outputs = measure(engines, args.repeats)
                 search = "greedy" if beams == 1 else f"beam {beams}"
+                seconds = {name: statistics.median(times) for name, times in rounds.items()}
                 for name in engines:
                     ct2 = f"ct2-{precision(name)}"
                     ratio = seconds[name] / seconds[ct2] if ct2 in seconds else None
-                    same_ours = sum(a == b for a, b in zip(outputs[name], outputs["ours"], strict=True))
-                    same_ct2 = (sum(a == b for a, b in zip(outputs[name], outputs[ct2], strict=True))
-                                if ct2 in outputs else None)
+                    same = {other: (sum(a == b for a, b in zip(outputs[name], outputs[other], strict=True))
+                                    if other in outputs else None) for other in ("ours-lean", ct2)}
                     wrong = sum(not right_without_stress(hyp, refs)
                                 for hyp, (_, refs) in zip(outputs[name], entries, strict=True))
-                    print(f"| {search} | {name} | {seconds[name]:.3f} | {len(words) / seconds[name]:.0f} | "
-                          f"{'-' if ratio is None else f'{ratio:.2f}x'} | {100 * same_ours / len(words):.1f}% | "
-                          f"{'-' if same_ct2 is None else f'{100 * same_ct2 / len(words):.1f}%'} | "
+                    share = {k: "-" if v is None else f"{100 * v / len(words):.1f}%" for k, v in same.items()}
+                    print(f"| {search} | {name} | {seconds[name]:.3f} | {min(rounds[name]):.3f}-"
+                          f"{max(rounds[name]):.3f} | {len(words) / seconds[name]:.0f} | "
+                          f"{'-' if ratio is None else f'{ratio:.2f}x'} | {share['ours-lean']} | {share[ct2]} | "
                           f"{100 * wrong / len(words):.2f} |")
-                    if name in ("ours-fast", "ours-fast-int8") and ratio is not None:
-                        target = TARGETS[precision(name)]
-                        verdicts.append(f"{search} {name}: {ratio:.2f}x CTranslate2 {precision(name)} (target "
-                                        f"<= {target}x: {'met' if ratio <= target else 'missed'})")
-        print()
+                    if name in TARGETS and ratio is not None:
+                        target, agreed = TARGETS[name], same[ct2] / len(words)
+                        verdicts.append(f"{search} {name}: {ratio:.2f}x CTranslate2 {precision(name)} (target <= "
+                                        f"{target}x: {'met' if ratio <= target else 'missed'}); best output equal "
+                                        f"to CTranslate2's on {100 * agreed:.1f}% of words")
+        print(f"\nload average after: {load()}")
         for verdict in verdicts:
             print(verdict)
 

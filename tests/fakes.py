@@ -99,17 +99,31 @@ def count_host_conversions(monkeypatch) -> list[str]:
 class RowCounter:
     """Records how many rows each decoding step of a Hugging Face model computes.
 
-    Hooks the output layer, which both the generic step (``model(...)``) and the lean T5 step call once per
-    step with the rows first.
+    Hooks the output layer, which both the generic step (``model(...)``) and the lean steps call once per step
+    with the rows first, and the fast T5 step's decoder (which runs its own packed output layer).
     """
 
     def __init__(self, model):
+        from beamsearch.adapters.fast_t5 import FastT5State
+
         self.rows: list[int] = []
         self.handle = model.get_output_embeddings().register_forward_pre_hook(self.record)
+        self.fast_decode = FastT5State.__dict__["decode"]
+        counter = self
+
+        def decode(state, tokens, position):
+            if state.model is model:
+                counter.rows.append(tokens.shape[0])
+            return counter.fast_decode(state, tokens, position)
+
+        FastT5State.decode = decode
 
     def record(self, module, args):
         self.rows.append(args[0].shape[0])
 
     def close(self):
+        from beamsearch.adapters.fast_t5 import FastT5State
+
         self.handle.remove()
+        FastT5State.decode = self.fast_decode
         return self.rows

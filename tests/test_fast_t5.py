@@ -14,7 +14,7 @@ from tiny_hf import random_t5 as t5
 from beamsearch.adapters import fast_t5
 from beamsearch.adapters.hf import search_model
 from beamsearch.adapters.hf_t5 import LeanT5State
-from beamsearch.adapters.lean_cache import TimeMajorCache
+from beamsearch.adapters.lean_cache import StackedTimeMajorCache
 from beamsearch.quantize import quantize_int8
 
 transformers = pytest.importorskip("transformers")
@@ -107,7 +107,7 @@ def test_cache_capacity_grows_past_max_length():
         for token in range(2, 7):  # past the capacity of 2: the cache and the bias table grow
             expected, got = (state.forward(torch.full((2,), token)) for state in states)
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-        assert isinstance(states[1].cache, TimeMajorCache) and states[1].cache.capacity >= 7
+        assert isinstance(states[1].cache, StackedTimeMajorCache) and states[1].cache.capacity >= 7
 
 
 @pytest.mark.parametrize("beams", [1, 4])

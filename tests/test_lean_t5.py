@@ -50,23 +50,27 @@ def test_lean_step_equals_transformers(case: int, variant: str) -> None:
     assert_generate_equivalent(model, {"lean_step": True}, input_ids=ids, attention_mask=mask, **kwargs)
 
 
-def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> None:
+@pytest.mark.parametrize(("lean_step", "state_type"), [(None, "FastT5State"), (True, "LeanT5State")])
+def test_default_and_lean_steps_equal_the_generic_step(monkeypatch, lean_step, state_type) -> None:
+    """The default runs the fast T5 step on a float32 T5 model, ``lean_step=True`` the lean step; both decode like the
+    generic step (``lean_step=False``), which runs neither."""
     model = t5(seed=3)
     ids, mask = inputs(6, seed=3)
-    calls = []
+    states = []
     original = hf_steps.lean_t5_step
 
     def counting(tokens, state):
-        calls.append(tokens.shape)
+        states.append(type(state).__name__)
         return original(tokens, state)
 
     monkeypatch.setattr(hf_steps, "lean_t5_step", counting)
-    lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, num_beams=4, max_new_tokens=12)
-    assert calls, "the default did not use the lean step"
-    calls.clear()
+    lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, num_beams=4, max_new_tokens=12,
+                                   lean_step=lean_step)
+    assert states and set(states) == {state_type}
+    states.clear()
     generic = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, num_beams=4, max_new_tokens=12,
                                       lean_step=False)
-    assert not calls
+    assert not states
     assert torch.equal(lean.sequences, generic.sequences)
     assert_scores_close(lean.sequences_scores, generic.sequences_scores)
     assert_scores_close(lean.token_log_probs, generic.token_log_probs)
@@ -110,7 +114,7 @@ def test_lean_step_scores_are_those_of_transformers() -> None:
 def test_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> None:
     """Cross-attention keys and values once per example whatever the beam size. ``share_encoder_state=True``
     (one kernel call for an example's rows): results equal transformers' (tokens; scores to float rounding),
-    finished examples leaving included; by default (one call per row slot) too. Scores within the tolerance: the
+    finished examples leaving included; without it (one call per row slot) too. Scores within the tolerance: the
     encoder runs once per example here, on every beam's row in transformers."""
     model = t5(seed=6)
     with torch.no_grad():
@@ -140,8 +144,8 @@ def test_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> None:
     rows.clear()
     kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=6, max_new_tokens=16, do_sample=False,
                   return_dict_in_generate=True, output_scores=True)
-    got, expected = beamsearch.generate(model, **kwargs), model.generate(**kwargs)
-    assert rows == {24: (4, 3, 9, 8)}  # by default too: one copy per example, queried one row slot at a time
+    got, expected = beamsearch.generate(model, **kwargs, lean_step=True), model.generate(**kwargs)
+    assert rows == {24: (4, 3, 9, 8)}  # the lean step too: one copy per example, queried one row slot at a time
     assert torch.equal(got.sequences, expected.sequences)
     for mine, theirs in zip(got.scores, expected.scores, strict=True):
         assert_scores_close(mine, theirs)

@@ -1,116 +1,54 @@
-"""The fast T5 decoder step (``lean_step="fast"``): the lean step's cache and reorders, with packed weights and an
-attention written for one query over a short, time-major cache.
+"""The fast T5 step, the default for float32 T5 models (``lean_step=None`` or ``"fast"``): the lean step's reorders,
+with packed weights, fused products and an attention written for one query over a short, time-major cache.
 
-Where the lean step (``hf_t5.py``) calls the model's own modules so that its logits equal ``model(...)`` bit for
-bit, this step trades that equality for fewer, larger kernels per step (the profile of a G2P decode,
-``benchmarks/profile_g2p.py``, shows a third of the lean step's time in attention kernels built for long queries
-and in the small operations around the matrix products):
+Where the lean step (``hf_t5.py``, ``lean_step=True``) calls the model's own modules so that its logits equal
+``model(...)`` bit for bit, this step trades that equality for fewer, larger kernels per step (the profile of a
+G2P decode, ``benchmarks/profile_g2p.py``, showed a third of the lean step's time in attention kernels built for
+long queries and in the small operations around the matrix products):
 
 - each layer norm's gain is folded into the weights of the products that follow it (``W diag(g)``), so a norm
   is one ``rms_norm`` without a weight; the final norm's gain and T5's output scale fold into the output layer;
-- the self-attention's query, key and value products are one product with the three weights stacked;
+- the self-attention's query, key and value products are one product with the three weights stacked, and the
+  key and value columns go to the cache in one copy (:class:`~.lean_cache.StackedTimeMajorCache`, every layer in
+  one buffer, reordered in one gather);
+- the residual additions and the feed-forward ReLU run inside the products (oneDNN post-ops, ``addmm``);
 - attention over the cache is elementwise: scores ``[t, N, H]`` as a product summed over the head size, a
   softmax over the positions, the values summed with those weights, reading the time-major cache as it lies
   (one query per row, a few dozen positions: a matrix-product kernel per row and head costs more than the
   arithmetic); cross-attention reads the example's keys ``[S, B, H, d]`` in the same way for its K rows;
 - the relative position bias of every position is computed once per decode, the model's own ``compute_bias``;
-- the weights are packed once per model (and again only when its parameters change), the cross-attention keys
-  and values of all layers are one product over the encoder output, and the encoder runs the same way
-  (:func:`fast_t5_encode`: stacked query/key/value, folded norms, ``scaled_dot_product_attention`` over the
-  whole source).
+- the weights are packed once per model (and again only when its parameters change); the encoder
+  (:func:`fast_t5_encode`) runs its products on the source tokens only, not on the padding (attention alone sees
+  the padded ``[B, S]`` layout), and the cross-attention keys and values of all layers are one product over those
+  tokens.
 
 Results: the same computation in another order of float operations, so scores equal the lean step's to float
 rounding (about 1e-5 on logits of the G2P model) and tokens equal wherever no near-tie flips. int8 models
 (:func:`beamsearch.quantize_int8`) run their folded, stacked weights through the same dynamic int8 product,
-quantized per output row. ``benchmarks/g2p_speed.py`` measures both against CTranslate2 and counts the words
+quantized per output row (opt-in: ``lean_step="fast"``; by default they take the lean step, whose products are
+the quantized model's own). ``benchmarks/g2p_speed.py`` measures both against CTranslate2 and counts the words
 whose best output changes.
 
-Legend: B batch, K rows per example, N = B*K, H heads, d head size, D = H*d, S source length, t positions filled,
-T cache capacity.
+Legend: B batch, K rows per example, N = B*K, H heads, d head size, D = H*d, S source length, M source tokens
+(padding left out), t positions filled, T cache capacity, L layers.
 """
 
 from __future__ import annotations
 
-import warnings
-import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .hf_t5 import LeanT5State, _output_scale
-
-
-class PackedLinear:
-    """``x @ W.T`` for a weight made here (folded, stacked), in float or dynamic int8 like the model's layers.
-
-    float32 on the CPU: the weight is also reordered once into oneDNN's blocked layout, and a product runs through
-    oneDNN when it is large enough to repay oneDNN's call overhead (about 20 us): a weight of 512k values or more,
-    or 4M multiply-adds. Measured on this project's 2-core AMD machine, one thread: oneDNN 25-30% faster than
-    MKL's ``sgemm`` (which re-packs the weight at every call) at 64-900 rows of G2P-sized weights, 2x on a
-    t5-small output layer at 1-16 rows; MKL faster for small weights at few rows (192 x 101 below 128 rows)."""
-
-    ONEDNN_MIN_WEIGHT = 1 << 19
-    ONEDNN_MIN_WORK = 1 << 22
-
-    def __init__(self, weight: torch.Tensor, int8: bool):
-        self.int8 = int8
-        self.onednn = None
-        if int8:  # per output row (folding a gain into a per-tensor int8 weight would widen its grid)
-            scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-            zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the deprecation notice of torch's quantized tensors (quantize.py)
-                quantized = torch.quantize_per_channel(weight.float().contiguous(), scales.double(), zero_points, 0,
-                                                       torch.qint8)
-                self.packed = torch.ops.quantized.linear_prepack(quantized, None)
-            return
-        self.weight = weight.contiguous()
-        if self.weight.device.type == "cpu" and self.weight.dtype == torch.float32 and _onednn_available():
-            self.onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8:
-            return torch.ops.quantized.linear_dynamic(x, self.packed, True)
-        if self.onednn is not None and (self.weight.numel() >= self.ONEDNN_MIN_WEIGHT
-                                        or x.numel() * self.weight.shape[0] >= self.ONEDNN_MIN_WORK):
-            return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, "none", [], "")
-        return F.linear(x, self.weight)
-
-
-def _onednn_available() -> bool:
-    mkldnn = getattr(torch.ops, "mkldnn", None)
-    return bool(torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
-                and hasattr(mkldnn, "_linear_pointwise"))
-
-
-def _is_int8(linear: Any) -> bool:
-    """Whether a linear layer is torch.ao's dynamic int8 Linear (its ``weight()`` is the quantized tensor)."""
-    return callable(linear.weight)
-
-
-def _weight(linear: Any) -> tuple[torch.Tensor, bool]:
-    """A linear layer's float weight ``[out, in]`` and whether the layer is dynamic int8 (dequantized then)."""
-    if _is_int8(linear):
-        return linear.weight().dequantize(), True
-    return linear.weight.detach(), False
-
-
-def _packed(linears: list[Any], gain: torch.Tensor | None = None, scale: float | None = None) -> PackedLinear:
-    """The layers' weights stacked by output (one product), each multiplied by the norm ``gain`` of its input."""
-    weights, int8 = zip(*(_weight(linear) for linear in linears), strict=True)
-    weight = torch.cat(weights, dim=0)
-    if gain is not None:
-        weight = weight * gain.detach()[None, :].to(weight.dtype)
-    if scale is not None:
-        weight = weight * scale
-    return PackedLinear(weight, int8=all(int8))
+from .fast_t5_weights import fast_weights, forget_weights, is_int8, run_feed_forward  # noqa: F401 (re-exported)
+from .hf_t5 import LeanT5State
+from .lean_cache import StackedTimeMajorCache
 
 
 def fast_t5_reason(model: Any) -> str | None:
     """Why the fast step cannot run this T5 model (beyond the lean step's own conditions; None: it can)."""
     dtype = model.decoder.embed_tokens.weight.dtype
-    if dtype != torch.float32 and not _is_int8(model.decoder.block[0].layer[0].SelfAttention.q):
+    if dtype != torch.float32 and not is_int8(model.decoder.block[0].layer[0].SelfAttention.q):
         return f"the model's dtype is {dtype} (the fast step computes float32 and int8)"
     for stack in (model.encoder, model.decoder):
         if not all(hasattr(block.layer[-1], "DenseReluDense") for block in stack.block):
@@ -118,128 +56,102 @@ def fast_t5_reason(model: Any) -> str | None:
     return None
 
 
-def _self_attention(sublayer: Any) -> dict[str, PackedLinear]:
-    """A self-attention sublayer's products: query, key and value stacked after its norm, and its output."""
-    attention = sublayer.SelfAttention
-    return {"qkv": _packed([attention.q, attention.k, attention.v], sublayer.layer_norm.weight),
-            "self_out": _packed([attention.o])}
-
-
-def _feed_forward(sublayer: Any) -> dict[str, Any]:
-    dense = sublayer.DenseReluDense
-    gated = hasattr(dense, "wi_0")
-    return {"inner": _packed([dense.wi_0, dense.wi_1] if gated else [dense.wi], sublayer.layer_norm.weight),
-            "gated": gated, "act": dense.act, "outer": _packed([dense.wo])}
-
-
-def _run_feed_forward(packed: dict[str, Any], normed: torch.Tensor) -> torch.Tensor:
-    inner = packed["inner"](normed)
-    if packed["gated"]:
-        gate, linear = inner.chunk(2, dim=-1)
-        return packed["outer"](packed["act"](gate) * linear)
-    return packed["outer"](packed["act"](inner))
-
-
-class FastT5Weights:
-    """A T5 model's weights packed for the fast step and encoder: made once per model by :func:`fast_weights`."""
-
-    def __init__(self, model: Any):
-        decoder, encoder = model.decoder, model.encoder
-        self.decoder_layers = []
-        for block in decoder.block:
-            cross = block.layer[1]
-            self.decoder_layers.append({
-                **_self_attention(block.layer[0]),
-                "cross_query": _packed([cross.EncDecAttention.q], cross.layer_norm.weight),
-                "cross_out": _packed([cross.EncDecAttention.o]),
-                **_feed_forward(block.layer[2]),
-            })
-        # every layer's cross-attention keys and values from the encoder output in one product: [2L*D, D]
-        self.cross_keys_values = _packed([linear for block in decoder.block
-                                          for linear in (block.layer[1].EncDecAttention.k,
-                                                         block.layer[1].EncDecAttention.v)])
-        self.output = _packed([model.lm_head], decoder.final_layer_norm.weight, _output_scale(model))
-        self.encoder_layers = [{**_self_attention(block.layer[0]), **_feed_forward(block.layer[1])}
-                               for block in encoder.block]
-        self.epsilon = decoder.final_layer_norm.variance_epsilon
-        self.encoder_epsilon = encoder.final_layer_norm.variance_epsilon
-
-
-_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (parameters, versions, weights)
-
-
-def fast_weights(model: Any) -> FastT5Weights:
-    """The packed weights of ``model``, made on the first call and again after any of its parameters is updated
-    in place (its version changes: an optimizer step, ``load_state_dict``). A parameter replaced by a new tensor
-    object is not seen: call :func:`forget_weights` after such surgery."""
-    cached = _WEIGHTS.get(model)
-    if cached is not None and all(p._version == v for p, v in zip(cached[0], cached[1], strict=True)):
-        return cached[2]
-    parameters = list(model.parameters())
-    weights = FastT5Weights(model)
-    _WEIGHTS[model] = (parameters, [p._version for p in parameters], weights)
-    return weights
-
-
-def forget_weights(model: Any) -> None:
-    """Drop the packed weights of ``model`` (the next fast step packs them again)."""
-    _WEIGHTS.pop(model, None)
-
-
 def _norm(hidden: torch.Tensor, epsilon: float) -> torch.Tensor:
     return F.rms_norm(hidden, (hidden.shape[-1],), eps=epsilon)
 
 
+def _token_rows(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The flat positions ``b*S + s`` of the source tokens ``[M]`` (None: no padding, every position)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask.reshape(-1).nonzero().squeeze(1)
+
+
 def fast_t5_encode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """T5's encoder with the packed weights: ``input_ids [B, S]`` -> last hidden state ``[B, S, D]`` (float32;
-    equal to the model's encoder to float rounding)."""
+    equal to the model's encoder to float rounding at the source tokens, zeros at the padding).
+
+    Norms, products and residuals run on the M source tokens only. Attention scatters each layer's queries, keys
+    and values into a zeroed padded buffer (made once per call) and runs two batched products with the position
+    bias and the padding mask added in the first (on these short sources 2x faster than
+    ``scaled_dot_product_attention``'s CPU kernel), then gathers the tokens' rows back."""
     weights = fast_weights(model)
     encoder = model.encoder
-    attention = encoder.block[0].layer[0].SelfAttention
-    heads, size = attention.n_heads, attention.key_value_proj_dim
+    heads, size, epsilon = weights.heads, weights.head_size, weights.encoder_epsilon
     batch, length = input_ids.shape
-    hidden = encoder.embed_tokens(input_ids)  # [B, S, D]
-    bias = attention.compute_bias(length, length, device=input_ids.device)  # [1, H, S, S]
+    bias = weights.encoder_bias_module.compute_bias(length, length, device=input_ids.device)  # [1, H, S, S]
     if attention_mask is not None and not bool(attention_mask.all()):
-        blocked = attention_mask[:, None, None, :] == 0  # [B, 1, 1, S]
-        bias = bias.masked_fill(blocked, torch.finfo(hidden.dtype).min)
+        bias = bias.masked_fill((attention_mask == 0)[:, None, None, :], torch.finfo(bias.dtype).min)  # [B, H, S, S]
+        examples, positions = attention_mask.nonzero(as_tuple=True)  # [M] each: the source tokens
+        ids = input_ids[examples, positions]
+    else:
+        examples = torch.arange(batch, device=input_ids.device).repeat_interleave(length)
+        positions = torch.arange(length, device=input_ids.device).repeat(batch)
+        ids = input_ids.reshape(-1)
+    # the bias transposed, [B*H, S keys, S queries]: the softmax runs over the middle dimension, vectorized along
+    # the queries (along the last dimension, PyTorch's CPU softmax is 2-4x slower on rows of fewer than 16 keys)
+    bias = bias.transpose(-1, -2).expand(batch, heads, length, length).reshape(batch * heads, length, length)
+    rows = examples * length + positions  # [M]: the tokens' rows of the padded [B*S] layout
+    hidden = encoder.embed_tokens(ids)  # [M, D]
+    padded = hidden.new_zeros((batch * length, 3 * hidden.shape[1]))  # [B*S, 3D]: the padding stays zero
     for packed in weights.encoder_layers:
-        qkv = packed["qkv"](_norm(hidden, weights.encoder_epsilon)).view(batch, length, 3, heads, size)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, S, d]
-        mixed = F.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=1.0)
-        hidden = hidden + packed["self_out"](mixed.transpose(1, 2).reshape(batch, length, heads * size))
-        hidden = hidden + _run_feed_forward(packed, _norm(hidden, weights.encoder_epsilon))
-    return encoder.final_layer_norm(hidden)
+        padded.index_copy_(0, rows, packed["qkv"](_norm(hidden, epsilon)))
+        spread = padded.view(batch, length, 3, heads, size).permute(2, 0, 3, 1, 4).reshape(3, batch * heads, length,
+                                                                                          size)
+        query, key, value = spread.unbind(0)  # [B*H, S, d] each
+        weights_ = torch.baddbmm(bias, key, query.transpose(1, 2)).softmax(1)  # [B*H, S keys, S queries]
+        mixed = torch.bmm(weights_.transpose(1, 2), value).view(batch, heads, length, size)
+        mixed = mixed.permute(0, 2, 1, 3)[examples, positions].reshape(-1, heads * size)  # [M, D]
+        hidden = packed["self_out"].add_to(mixed, hidden)
+        hidden = run_feed_forward(packed, _norm(hidden, epsilon), hidden)
+    hidden = encoder.final_layer_norm(hidden)
+    out = hidden.new_zeros((batch, length, hidden.shape[1]))
+    out[examples, positions] = hidden
+    return out
 
 
 class FastT5State(LeanT5State):
     """The lean T5 state with packed weights and elementwise attention (see the module docstring).
 
-    Its cross-attention keys and values are kept time-major ``[S, B, H, d]`` per layer, its source bias
-    ``[S, B, 1, 1]`` (None without padding); the cache and its reorders are the lean state's.
+    Its cross-attention keys and values are one time-major buffer ``[S, B, L, 2, H, d]`` (zeros at the padding),
+    its source bias ``[S, B, 1, 1]`` (None without padding); the self-attention cache is a
+    :class:`StackedTimeMajorCache` ``[T, N, L, 2, H, d]``, reordered by the lean state's rules.
     """
 
     def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int):
         self._start(model, encoder_hidden, source_mask, max_length, fixed_shape=False)
         self.weights = fast_weights(model)
-        length = encoder_hidden.shape[1]
-        # one product over the contiguous [B, S, D] (a transposed input costs oneDNN twice the time), then
-        # each layer's keys and values made time-major [S, B, H, d]
-        projected = self.weights.cross_keys_values(encoder_hidden)  # [B, S, 2L*D]
-        split = projected.view(self.examples, length, 2 * len(self.blocks), self.heads, self.head_size)
-        self.cross_keys = [split[:, :, 2 * layer].transpose(0, 1).contiguous() for layer in range(len(self.blocks))]
-        self.cross_values = [split[:, :, 2 * layer + 1].transpose(0, 1).contiguous()
-                             for layer in range(len(self.blocks))]
+        batch, length, width = encoder_hidden.shape
+        layers = len(self.blocks)
+        # the time-major positions s*B + b and the batch-major rows b*S + s they come from, tokens only: one product
+        # over the contiguous gathered rows (a transposed input costs oneDNN twice the time) lands time-major
+        sources = torch.arange(batch * length, device=encoder_hidden.device).view(batch, length).t().reshape(-1)
+        positions = _token_rows(source_mask.t() if self.padded else None)  # [M] time-major, None: all
+        if positions is not None:
+            sources = sources.index_select(0, positions)
+        tokens = encoder_hidden.reshape(batch * length, width).index_select(0, sources)  # [M, D] time-major
+        projected = self.weights.cross_keys_values(tokens)  # [M, 2L*D]
+        if positions is not None:
+            projected = projected.new_zeros((length * batch, projected.shape[1])).index_copy_(0, positions, projected)
         self.source_bias = None  # [S, B, 1, 1] additive, with padding only
         if self.padded:
             blocked = (source_mask == 0).t()[:, :, None, None]
             self.source_bias = torch.zeros(blocked.shape, dtype=self.dtype, device=blocked.device)
             self.source_bias.masked_fill_(blocked, torch.finfo(self.dtype).min)
+        self._set_cross(projected.view(length, batch, layers, 2, self.heads, self.head_size))
         self.position_bias: torch.Tensor | None = None  # [T, T, H]: query position, key position, head
 
+    def _set_cross(self, cross: torch.Tensor) -> None:
+        """The cross-attention keys and values ``[S, B, L, 2, H, d]``, and each layer's views ``[S, B, 1, H, d]``."""
+        self.cross = cross
+        self.cross_layers = [(both[:, :, None, 0], both[:, :, None, 1]) for both in cross.unbind(2)]
+
+    def _empty_cache(self, device: torch.device) -> StackedTimeMajorCache:
+        shape = (self.max_length, self.examples, len(self.blocks), 2, self.heads, self.head_size)
+        return StackedTimeMajorCache.empty(shape, self.dtype, device)
+
     def _select_cross(self, index: torch.Tensor) -> None:
-        self.cross_keys = [keys.index_select(1, index) for keys in self.cross_keys]
-        self.cross_values = [values.index_select(1, index) for values in self.cross_values]
+        self._set_cross(self.cross.index_select(1, index))
         if self.source_bias is not None:
             self.source_bias = self.source_bias.index_select(1, index)
 
@@ -253,32 +165,32 @@ class FastT5State(LeanT5State):
         epsilon = self.weights.epsilon
         hidden = self.model.decoder.embed_tokens(tokens)  # [N, D]
         for layer, packed in enumerate(self.weights.decoder_layers):
-            hidden = hidden + self._self_attention(packed, _norm(hidden, epsilon), bias, layer, position)
-            hidden = hidden + self._cross_attention(packed, _norm(hidden, epsilon), layer)
-            hidden = hidden + _run_feed_forward(packed, _norm(hidden, epsilon))
+            hidden = self._self_attention(packed, hidden, bias, layer, position)
+            hidden = self._cross_attention(packed, hidden, layer)
+            hidden = run_feed_forward(packed, _norm(hidden, epsilon), hidden)
         return self.weights.output(_norm(hidden, epsilon)).float()
 
-    def _self_attention(self, packed: dict[str, Any], normed: torch.Tensor, bias: torch.Tensor, layer: int,
+    def _self_attention(self, packed: dict[str, Any], hidden: torch.Tensor, bias: torch.Tensor, layer: int,
                         position: int) -> torch.Tensor:
-        rows, heads, size = normed.shape[0], self.heads, self.head_size
-        query, key, value = packed["qkv"](normed).view(rows, 3, heads, size).unbind(1)  # [N, H, d]
-        keys, values = self.cache.keys[layer], self.cache.values[layer]  # [T, N, H, d]
-        keys[position], values[position] = key, value
-        keys, values = keys[: position + 1], values[: position + 1]  # [t, N, H, d]
-        scores = (keys * query).sum(-1) + bias  # [t, N, H]
+        """``hidden [N, D]`` plus the self-attention of its norm over the cache up to ``position``."""
+        rows, heads, size = hidden.shape[0], self.heads, self.head_size
+        qkv = packed["qkv"](_norm(hidden, self.weights.epsilon)).view(rows, 3, heads, size)  # query, key, value
+        keys, values = self.cache.write(layer, position, qkv[:, 1:])  # [t, N, H, d] each
+        scores = (keys * qkv[:, 0]).sum(-1).add_(bias)  # [t, N, H]
         mixed = (scores.softmax(0).unsqueeze(-1) * values).sum(0)  # [N, H, d]
-        return packed["self_out"](mixed.view(rows, heads * size))
+        return packed["self_out"].add_to(mixed.view(rows, heads * size), hidden)
 
-    def _cross_attention(self, packed: dict[str, Any], normed: torch.Tensor, layer: int) -> torch.Tensor:
-        rows, heads, size = normed.shape[0], self.heads, self.head_size
-        keys, values = self.cross_keys[layer], self.cross_values[layer]  # [S, B, H, d]
+    def _cross_attention(self, packed: dict[str, Any], hidden: torch.Tensor, layer: int) -> torch.Tensor:
+        """``hidden [N, D]`` plus each row's attention over its example's encoder state."""
+        rows, heads, size = hidden.shape[0], self.heads, self.head_size
+        keys, values = self.cross_layers[layer]  # [S, B, 1, H, d] each
         examples = keys.shape[1]
-        query = packed["cross_query"](normed).view(examples, rows // examples, heads, size)  # [B, K, H, d]
-        scores = (keys[:, :, None] * query).sum(-1)  # [S, B, K, H]
+        query = packed["cross_query"](_norm(hidden, self.weights.epsilon))
+        scores = (keys * query.view(examples, rows // examples, heads, size)).sum(-1)  # [S, B, K, H]
         if self.source_bias is not None:
-            scores = scores + self.source_bias  # [S, B, 1, 1]
-        mixed = (scores.softmax(0).unsqueeze(-1) * values[:, :, None]).sum(0)  # [B, K, H, d]
-        return packed["cross_out"](mixed.reshape(rows, heads * size))
+            scores.add_(self.source_bias)  # [S, B, 1, 1]
+        mixed = (scores.softmax(0).unsqueeze(-1) * values).sum(0)  # [B, K, H, d]
+        return packed["cross_out"].add_to(mixed.view(rows, heads * size), hidden)
 
 
 def fast_encoder(model: Any) -> Any:

@@ -22,10 +22,10 @@ from ..results import SearchResult, concatenate
 from ..streaming import streamer_listener
 from . import hf_compat
 from .fast_t5 import fast_encoder
-from .hf_inputs import REJECTED_ARGUMENTS, prepare
+from .hf_inputs import REJECTED_ARGUMENTS, encode_as_generate, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
-from .hf_steps import model_step
+from .hf_steps import fast_call_reason, model_step, wants_fast_step
 
 hf_compat.warn_if_untested()  # once, naming the tested releases, where another is installed
 
@@ -105,11 +105,14 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
             raise ValueError("exact_parity=True keeps every row to the end: it cannot be combined with "
                              "remove_finished=True")
         toolkit["remove_finished"] = False
-    encode = fast_encoder(model) if lean["lean_step"] == "fast" else None
+    encode = fast_encoder(model) if not cuda_graphs and wants_fast_step(model, **lean) else None
     setup = prepare(model, inputs, generation_config, kwargs, encode=encode)
     config = setup["generation_config"]
     options = options_from_config(config, toolkit, setup["has_default_max_length"])
     needs_attention = options.coverage_penalty != "none" or search_arguments["output_alignments"]
+    if setup["fast_encoded"] and lean["lean_step"] is None \
+            and fast_call_reason(model, setup["model_kwargs"], needs_attention) is not None:
+        encode_as_generate(model, setup)  # the step falls back to one that takes the model's own encoder output
     if cuda_graphs:  # what a captured step cannot run is refused before anything is decoded
         check_graph_call(options, {**search_arguments, "stream_to": streamer}, lean, logits_processor,
                          stopping_criteria)

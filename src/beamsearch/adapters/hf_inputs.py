@@ -10,6 +10,7 @@ the cache. What it expanded to beams is taken back to one row per example here: 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -42,12 +43,15 @@ def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, A
         and (generation_config is None or generation_config.max_length is None)
         and model.generation_config.max_length is None
     )
-    if encode is not None and model.config.is_encoder_decoder and _plain_encoder_call(model, inputs, kwargs):
+    fast_encoded = False
+    if encode is not None and model.config.is_encoder_decoder \
+            and _plain_encoder_call(model, inputs, generation_config, kwargs):
         from transformers.modeling_outputs import BaseModelOutput
 
         ids = inputs if inputs is not None else kwargs["input_ids"]
         kwargs = dict(kwargs, encoder_outputs=BaseModelOutput(last_hidden_state=encode(ids, kwargs.get(
             "attention_mask"))))
+        fast_encoded = True
     prepared = hf_compat.prepare_with_generate(model, inputs, generation_config, kwargs)
     config, inputs_tensor = prepared["generation_config"], prepared["inputs_tensor"]
     check_config(config)
@@ -74,19 +78,38 @@ def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, A
         "source_lengths": source_lengths,
         "encoder_input_ids": inputs_tensor if not (inputs_tensor < 0).any() else None,
         "has_default_max_length": has_default_max_length,
+        "fast_encoded": fast_encoded,  # the encoder output is ``encode``'s
     }
 
 
-def _plain_encoder_call(model: Any, inputs: Any, kwargs: dict[str, Any]) -> bool:
+def encode_as_generate(model: Any, setup: dict[str, Any]) -> None:
+    """Replace an encoder output that ``encode`` made by the model's own encoder run as ``generate`` runs it on a
+    plain call (the token ids and the padding mask, nothing else): for a step that needs the model's own output."""
+    mask = setup["model_kwargs"].get("attention_mask")
+    setup["model_kwargs"]["encoder_outputs"] = model.get_encoder()(
+        input_ids=setup["encoder_input_ids"], attention_mask=mask, return_dict=True)
+    setup["fast_encoded"] = False
+
+
+def _plain_encoder_call(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, Any]) -> bool:
     """Whether the encoder would see nothing but the token ids and the padding mask the caller gave (then ``encode``
-    may run it). Anything else for the encoder (embeddings, head masks, output requests, encoder outputs) leaves it
-    to the model, and so do ids holding the pad token without a mask: releases differ in the mask they derive."""
+    may run it). Generation options (``num_beams``, ``max_new_tokens``, ...) go to the generation config, not to the
+    encoder; anything else for the encoder (embeddings, head masks, attention or hidden-state outputs, encoder
+    outputs) leaves it to the model, and so do ids holding the pad token without a mask: releases differ in the mask
+    they derive."""
     ids = inputs if inputs is not None else kwargs.get("input_ids")
     if not torch.is_tensor(ids) or ids.dim() != 2 or ids.is_floating_point():
         return False
+    outputs = ("output_attentions", "output_hidden_states")
+    for config in (generation_config, model.generation_config):
+        if config is not None and any(getattr(config, name, None) for name in outputs):
+            return False
+    options = _generation_option_names()
     for name, value in kwargs.items():
         if name.startswith("decoder_") or name in ("input_ids", "attention_mask", "use_cache", "past_key_values",
                                                    "cache", "generation_config"):
+            continue
+        if name in options and name not in outputs:
             continue
         if value is not None and value is not False:
             return False
@@ -94,6 +117,14 @@ def _plain_encoder_call(model: Any, inputs: Any, kwargs: dict[str, Any]) -> bool
         pad = model.generation_config.pad_token_id
         return pad is None or not bool((ids == pad).any())
     return True
+
+
+@functools.cache
+def _generation_option_names() -> frozenset[str]:
+    """The attributes of transformers' ``GenerationConfig``: the keyword arguments ``generate`` keeps for itself."""
+    from transformers import GenerationConfig
+
+    return frozenset(GenerationConfig().to_dict())
 
 
 def check_config(config: Any) -> None:

@@ -1,5 +1,6 @@
-"""Step selection for the Hugging Face adapter: the lean T5 / GPT-2 / Llama steps where they apply, else the
-generic step that calls ``model(...)`` with the cache transformers made, reordered through its own API.
+"""Step selection for the Hugging Face adapter: the fast T5 step where it applies, else the lean T5 / GPT-2 / Llama
+steps, else the generic step that calls ``model(...)`` with the cache transformers made, reordered through its own
+API.
 
 Legend: B batch, K rows per example, N = B*K, V vocabulary, t tokens so far.
 """
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 
 from . import hf_compat
-from .fast_t5 import FastT5State, fast_t5_reason
+from .fast_t5 import FastT5State, fast_t5_reason, is_int8
 from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
 from .hf_llama import LeanLlamaState, lean_llama_reason, lean_llama_step
 from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
@@ -107,13 +108,17 @@ hf_step.fresh_logits = True  # a copy of the model's output (see loop.decode)
 
 
 def model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False,
-                compile_step=False, exact_parity=False):
-    """The step function and state: a lean step (T5, GPT-2, Llama) where one applies (``lean_step`` None or True),
-    else the generic one that calls ``model(...)``; ``lean_step="fast"``: the fast T5 step (packed weights, its own
-    attention; not bitwise, ``fast_t5.py``) or an error. ``share_encoder_state`` (lean T5 step only): an example's beams
-    attend to its cross-attention keys and values in one kernel call (not bitwise). ``compile_step``: the lean
-    step's decoder runs under ``torch.compile`` (``True``: dynamic shapes; ``"static"``: the fixed-shape step, the
-    same shapes at every step). ``exact_parity``: the generic step on transformers' rows (prompt and cache on every
+               compile_step=False, exact_parity=False):
+    """The step function and state.
+
+    ``lean_step=None`` (the default): the fast T5 step where it can run (a float32 T5 model and call: packed weights,
+    fused products, its own attention; equal to float rounding, ``fast_t5.py``), else a lean step (T5, GPT-2, Llama;
+    the model's own kernels) where one applies, else the generic one that calls ``model(...)``. ``True``: a lean step
+    or an error; ``"fast"``: the fast T5 step (int8 models too) or an error; ``False``: the generic step.
+    ``share_encoder_state`` (lean T5 step only): an example's beams attend to its cross-attention keys and values in
+    one kernel call (not bitwise). ``compile_step``: the step's decoder runs under ``torch.compile`` (``True``:
+    dynamic shapes, the lean step unless ``lean_step="fast"``; ``"static"``: the lean fixed-shape step, the same
+    shapes at every step). ``exact_parity``: the generic step on transformers' rows (prompt and cache on every
     beam's row, the whole cache reordered), so that each forward has the shapes of ``model.generate``'s."""
     if lean_step is not None and not isinstance(lean_step, bool) and lean_step != "fast":
         raise ValueError(f"lean_step must be None, True, False or 'fast', got {lean_step!r}")
@@ -129,6 +134,9 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
                 raise ValueError(f"exact_parity=True runs the generic step as transformers does: it cannot be "
                                  f"combined with {name}={value!r}")
         lean_step = False
+    if lean_step is None and default_fast(model, share_encoder_state, compile_step) \
+            and fast_call_reason(model, model_kwargs, needs_attention) is None:
+        lean_step = "fast"
     if lean_step is False:
         reason = "lean_step=False was given"
     else:
@@ -157,9 +165,41 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
     return hf_step, state
 
 
+def fast_capable(model: Any) -> bool:
+    """Whether the fast T5 step can run this model (a T5 / mT5 model in eval mode, float32 or int8); a call may still
+    refuse it (``lean_t5_reason``)."""
+    if getattr(model.config, "model_type", None) not in ("t5", "mt5") or model.training:
+        return False
+    return lean_t5_reason(model, {"encoder_outputs": True}, False) is None and fast_t5_reason(model) is None
+
+
+def default_fast(model: Any, share_encoder_state: bool = False, compile_step: bool | str = False) -> bool:
+    """Whether ``lean_step=None`` tries the fast T5 step on this model: a float32 T5 / mT5 model that the fast step
+    can run, without an option of the lean step's (``share_encoder_state``, ``compile_step``; compiling the fast step
+    is opt-in, ``lean_step="fast"``). int8 models keep the lean step, whose products are the quantized model's own
+    (the fast step requantizes per output row: other results)."""
+    if share_encoder_state or compile_step or not fast_capable(model):
+        return False
+    return not is_int8(model.decoder.block[0].layer[0].SelfAttention.q)
+
+
+def wants_fast_step(model: Any, lean_step: Any = None, share_encoder_state: bool = False,
+                    compile_step: bool | str = False, exact_parity: bool = False) -> bool:
+    """Whether this call's step options lead to the fast T5 step where the call allows it (then the adapter runs the
+    encoder the fast way too, :func:`~.fast_t5.fast_encoder`)."""
+    if lean_step == "fast":
+        return not exact_parity
+    return lean_step is None and not exact_parity and default_fast(model, share_encoder_state, compile_step)
+
+
+def fast_call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
+    """Why the fast T5 step cannot run this model and call (None: it can)."""
+    return lean_t5_reason(model, model_kwargs, needs_attention) or fast_t5_reason(model)
+
+
 def _fast_step(model, model_kwargs, options, needs_attention, share_encoder_state, compile_step):
     """The fast T5 step and its state (``lean_step="fast"``), or an error naming why it cannot run this call."""
-    reason = lean_t5_reason(model, model_kwargs, needs_attention) or fast_t5_reason(model)
+    reason = fast_call_reason(model, model_kwargs, needs_attention)
     if reason is not None:
         raise ValueError(f"lean_step='fast' cannot run this call: {reason}")
     if share_encoder_state:

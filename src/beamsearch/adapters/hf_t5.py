@@ -250,14 +250,20 @@ class LeanT5State:
             expansion = torch.arange(rows, device=tokens.device)
         first = torch.searchsorted(expansion, torch.arange(self.examples, device=expansion.device))
         tokens = tokens.index_select(0, first)  # [B, t0]: one row per example
-        shape = (self.max_length, self.examples, self.heads, self.head_size)
-        self.cache = TimeMajorCache.empty(len(self.blocks), shape, self.dtype, tokens.device, zeroed=self.fixed_shape)
+        self.cache = self._empty_cache(tokens.device)
         for column in range(tokens.shape[1]):
             logits = self.forward(tokens[:, column])
-        self.cache.gather_rows(expansion, self.length)
         self.rows_per_example = rows // self.examples
         self.expansion = None
+        if rows == self.examples:  # one row per example (greedy): the sorted expansion is the identity
+            return logits
+        self.cache.gather_rows(expansion, self.length)
         return logits.index_select(0, expansion)
+
+    def _empty_cache(self, device: torch.device) -> TimeMajorCache:
+        """The self-attention cache for one row per example, ``max_length`` positions."""
+        shape = (self.max_length, self.examples, self.heads, self.head_size)
+        return TimeMajorCache.empty(len(self.blocks), shape, self.dtype, device, zeroed=self.fixed_shape)
 
 
 def lean_t5_step(tokens: torch.Tensor, state: LeanT5State) -> tuple[torch.Tensor, LeanT5State]:

@@ -94,3 +94,71 @@ class TimeMajorCache:
         self.spare = None
         self.keys = [grown(keys) for keys in self.keys]
         self.values = [grown(values) for values in self.values]
+
+
+class StackedTimeMajorCache:
+    """The fast T5 step's cache: the keys and values of every layer in one buffer ``[T, N, L, 2, H, d]``, filled up
+    to the caller's length, and one spare buffer of that shape for reorders.
+
+    A step writes a layer's key and value with one copy (the query/key/value product's key and value columns lie
+    side by side), and a beam reorder gathers every layer's filled part in one ``index_select``, where the per-layer
+    :class:`TimeMajorCache` takes 2L calls. Each buffer's per-layer views are made once (the two buffers swap at
+    every reorder), not at every step.
+    """
+
+    def __init__(self, buffer: torch.Tensor):
+        self.buffer = buffer  # [T, N, L, 2, H, d]
+        self.spare: torch.Tensor | None = None  # made by the first reorder
+        self._views: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    @classmethod
+    def empty(cls, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> StackedTimeMajorCache:
+        return cls(torch.empty(shape, dtype=dtype, device=device))
+
+    @property
+    def capacity(self) -> int:
+        return self.buffer.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.buffer.shape[1]
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of the buffer for one layer: keys and values ``[T, N, 2, H, d]``, keys ``[T, N, H, d]``, values
+        ``[T, N, H, d]``."""
+        views = self._views.get(id(self.buffer))
+        if views is None:
+            views = self._views[id(self.buffer)] = [
+                (both, both.select(2, 0), both.select(2, 1))
+                for both in self.buffer.unbind(2)]
+        return views[layer]
+
+    def write(self, layer: int, position: int, key_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a layer's key and value ``[N, 2, H, d]`` at ``position``; returns the layer's keys and values up to
+        it, ``[t, N, H, d]`` views."""
+        both, keys, values = self.layer(layer)
+        both[position].copy_(key_value)
+        return keys[: position + 1], values[: position + 1]
+
+    def reorder(self, index: torch.Tensor, length: int) -> None:
+        """Rows ``index`` (as many rows as now): the filled part gathered into the spare, and the two swapped."""
+        if self.spare is None:
+            self.spare = torch.empty_like(self.buffer)
+        torch.index_select(self.buffer[:length], 1, index, out=self.spare[:length])
+        self.buffer, self.spare = self.spare, self.buffer
+
+    def gather_rows(self, index: torch.Tensor, length: int) -> None:
+        """A new buffer holding the rows ``index``, another number of rows (expansion to beams, examples leaving)."""
+        self.spare = None  # freed before the new buffer is made
+        self._views.clear()
+        gathered = self.buffer.new_empty((self.buffer.shape[0], index.shape[0], *self.buffer.shape[2:]))
+        torch.index_select(self.buffer[:length], 1, index, out=gathered[:length])
+        self.buffer = gathered
+
+    def grow(self, length: int) -> None:
+        """Double the capacity (a stopping rule of the caller's went past it), keeping ``length`` positions."""
+        self.spare = None
+        self._views.clear()
+        grown = self.buffer.new_empty((2 * self.buffer.shape[0], *self.buffer.shape[1:]))
+        grown[:length] = self.buffer[:length]
+        self.buffer = grown

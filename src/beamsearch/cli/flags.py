@@ -129,9 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
         perf.add_argument("--batch-type", choices=("sentences", "tokens"), default="sentences",
                           help="what --batch-size counts: inputs (sentences) or padded input tokens (tokens)")
         perf.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-        perf.add_argument("--fast", action="store_true", help="T5 models (the embedded one too): the fast step "
-                          "(packed weights, oneDNN products, its own attention; equal to float rounding, not "
-                          "bit for bit; lean_step='fast', docs/performance.md)")
+        step = perf.add_mutually_exclusive_group()
+        step.add_argument("--fast", action="store_true", help="T5 models: the fast step or an error (packed weights, "
+                          "oneDNN products, its own attention; equal to float rounding, not bit for bit; "
+                          "lean_step='fast'). Already the default for float32 T5 models (the embedded one too) "
+                          "and with --int8; docs/performance.md")
+        step.add_argument("--lean-step", action="store_true", help="the lean step instead of the fast one (the "
+                          "model's own kernels: logits equal to transformers' bit for bit; lean_step=True)")
         perf.add_argument("--cuda-graphs", action="store_true", help="each decoding step captured once in a CUDA "
                           "graph and replayed (greedy and beam search; T5, GPT-2 and Llama models; equal to float "
                           "rounding; on a CPU the same step runs uncaptured; cuda_graphs=True, docs/usage.md)")
@@ -249,6 +253,8 @@ def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     out["early_stopping"] = args.early_stopping
     if getattr(args, "fast", False):
         out["lean_step"] = "fast"
+    elif getattr(args, "lean_step", False):
+        out["lean_step"] = True
     if getattr(args, "cuda_graphs", False):
         out["cuda_graphs"] = True
     return {k: v for k, v in out.items() if v is not None}

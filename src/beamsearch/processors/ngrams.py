@@ -146,17 +146,47 @@ class LoopGuardLogitsProcessor(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
-        generated = input_ids[:, self.prompt_length :]  # [N, g]
-        rows, count = generated.shape
-        vocab = scores.shape[-1]
-        mask = None
-        for period in range(1, self.max_period + 1):
-            need = self.repeats * period - 1  # tokens before the candidate that must repeat with this period
-            if count < need:
-                break
-            window = generated[:, count - need :]  # [N, need]
-            periodic = (window[:, period:] == window[:, :-period]).all(dim=1)  # [N]
-            token = window[:, need - period]  # [N]: what the candidate must be to continue the loop
-            banned = _banned_mask(rows, vocab, token[:, None], periodic[:, None])  # [N, V + 1]
-            mask = banned if mask is None else mask | banned
-        return scores if mask is None else scores.masked_fill(mask[:, :-1], NEG_INF)
+        mask = self._banned(input_ids, scores)
+        return scores if mask is None else scores.masked_fill(mask, NEG_INF)
+
+    def mask_(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """As ``__call__``, but changes ``scores`` in place (for callers that own them, ``run_processors``)."""
+        mask = self._banned(input_ids, scores)
+        return scores if mask is None else scores.masked_fill_(mask, NEG_INF)
+
+    def _banned(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor | None:
+        """BoolTensor ``[N, V]`` of the banned tokens (None: nothing can be banned yet), every period at once.
+
+        With the last ``w`` generated tokens as a window, period p holds when ``window[i] == window[i - p]`` for the
+        last ``(repeats - 1) * p - 1`` positions i, and then bans ``window[w - p]``: one gather of the compared
+        pairs ``[N, P, I]`` (pairs past a period's own count compare a token with itself), one scatter of the P
+        candidate tokens."""
+        count = input_ids.shape[1] - self.prompt_length
+        plan = self._plan(count, input_ids.device)
+        if plan is None:
+            return None
+        width, left, right, candidates = plan
+        window = input_ids[:, input_ids.shape[1] - width :]  # [N, w]
+        periodic = (window[:, left] == window[:, right]).all(dim=-1)  # [N, P]
+        tokens = window[:, candidates]  # [N, P]
+        return _banned_mask(input_ids.shape[0], scores.shape[-1], tokens, periodic)[:, :-1]
+
+    def _plan(self, count: int, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """For ``count`` generated tokens: the window width w and the index tensors of the periods that fit
+        (``left``, ``right`` ``[P, I]`` compared positions, ``candidates`` ``[P]``), made once per width."""
+        periods = [p for p in range(1, self.max_period + 1) if self.repeats * p - 1 <= count]
+        if not periods:
+            return None
+        width = self.repeats * periods[-1] - 1
+        key = (width, device)
+        plans = self.__dict__.setdefault("_plans", {})
+        if key not in plans:
+            compared = (self.repeats - 1) * periods[-1] - 1
+            left = torch.full((len(periods), max(compared, 1)), width - 1, dtype=torch.long)
+            right = left.clone()
+            for row, period in enumerate(periods):
+                for i in range((self.repeats - 1) * period - 1):
+                    left[row, i], right[row, i] = width - 1 - i, width - 1 - i - period
+            candidates = torch.tensor([width - p for p in periods], dtype=torch.long)
+            plans[key] = (width, left.to(device), right.to(device), candidates.to(device))
+        return plans[key]

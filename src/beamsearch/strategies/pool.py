@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..beams import flatten_beams, gather_beams
+from ..beams import flat_rows, flatten_beams, gather_beams
 from ..results import FinishReason, SearchResult
 from .score_checks import ScoreWatch
 
@@ -91,15 +91,17 @@ class Hypotheses:
 
     def gather(self, index: torch.Tensor) -> Hypotheses:
         """The hypotheses at ``index`` (LongTensor ``[B, M']`` of positions within each example)."""
-        return self.map(lambda value: gather_beams(value, index))
+        flat = flat_rows(index, self.tokens.shape[1])  # the same rows of every field
+        return self.map(lambda value: gather_beams(value, index, flat))
 
     def merge(self, new: Hypotheses, keep: torch.Tensor) -> Hypotheses:
         """Join this pool ``[B, M, ...]`` and ``new`` ``[B, M2, ...]`` (same fields) and keep ``keep [B, M']``.
 
         ``keep`` indexes the joined ``[B, M + M2]`` hypotheses: positions below M are this pool's.
         """
+        flat = flat_rows(keep, self.tokens.shape[1] + new.tokens.shape[1])
         return Hypotheses(self.prompt_length, **{
-            name: gather_beams(torch.cat((value, new.fields[name]), dim=1), keep)
+            name: gather_beams(torch.cat((value, new.fields[name]), dim=1), keep, flat)
             for name, value in self.fields.items()})
 
     def extend(self, parents: torch.Tensor, tokens: torch.Tensor, token_log_probs: torch.Tensor,
