@@ -42,12 +42,18 @@ test-transformers: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 
-# the main job (the embedded G2P model on CMUdict words) and the t5-small-shaped case at batch 16, against
-# transformers and CTranslate2 (docs/performance.md); the wider grid: benchmarks/suite.py --quick
+# the main job (the embedded G2P model on CMUdict words; batches sorted by length as the CLI makes them, then in
+# file order) and the t5-small-shaped case at batch 16, against transformers and CTranslate2, at each thread count
+# of BENCH_THREADS (docs/performance.md); the wider grid: benchmarks/suite.py --quick
+BENCH_THREADS ?= 1 2
+
 bench: $(STAMP)
-	$(BIN)/python benchmarks/g2p_speed.py --threads 1
-	$(BIN)/python benchmarks/suite.py --models t5-small-eos --beams 1,4 --batches 16 --repeats 3 --threads 1 \
-		--lengths '' --no-plot --engines hf,ours,ours-fast,ours-int8,ct2-fp32,ct2-int8
+	@for threads in $(BENCH_THREADS); do \
+		$(BIN)/python benchmarks/g2p_speed.py --threads $$threads || exit 1; \
+		$(BIN)/python benchmarks/g2p_speed.py --threads $$threads --unsorted || exit 1; \
+		$(BIN)/python benchmarks/suite.py --models t5-small-eos --beams 1,4 --batches 16 --repeats 3 \
+			--threads $$threads --lengths '' --no-plot --engines hf,ours,ours-lean,ours-int8,ct2-fp32,ct2-int8 || exit 1; \
+	done
 
 # the documentation site from docs/ (mkdocs.yml) into site/ (git-ignored); any warning fails the build
 # (NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner, not a build warning)

@@ -3,20 +3,23 @@
 One process, the same models and inputs for every engine; each engine is warmed up, then timed (median of
 --repeats). Engines:
 
-- HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments; ours-keep: the same with
-  ``remove_finished=False`` (finished examples stay in the batch, as in transformers): the lever's effect;
-  ours-generic: the same with ``lean_step=False`` (the generic step calling ``model(...)`` instead of the lean
-  T5 or GPT-2 step): that lever's effect; ours-shared: ``share_encoder_state=True`` (T5: an example's beams share one
-  copy of the cross-attention keys and values); ours-compiled: ``compile_step=True`` (the lean step under
-  ``torch.compile``, timed after a compiling warm-up); ours-static: ``compile_step="static"`` (the
+- HF: ``model.generate``; ours: ``beamsearch.generate`` with the same arguments (on float32 T5 models the fast
+  step, since issue 29; the lean step on GPT-2 and Llama); ours-fast: ``lean_step="fast"`` (the same as ours on
+  float32 T5 models); ours-lean: ``lean_step=True`` (the lean T5 / GPT-2 / Llama step: the model's own kernels);
+  ours-keep: the same as ours with ``remove_finished=False`` (finished examples stay in the batch, as in
+  transformers): the lever's effect; ours-generic: the same with ``lean_step=False`` (the generic step calling
+  ``model(...)``): that lever's effect; ours-shared: ``share_encoder_state=True`` (the lean T5 step with an example's
+  beams sharing one copy of the cross-attention keys and values); ours-compiled: ``compile_step=True`` (the lean
+  step under ``torch.compile``, timed after a compiling warm-up); ours-static: ``compile_step="static"`` (the
   fixed-shape lean step, compiled); ours-int8: ours on ``beamsearch.quantize_int8(model)`` (CPU only; dynamic int8
-  linear layers).
+  linear layers; on T5 models with ``lean_step="fast"``, as the CLI's ``--int8`` runs it).
 - CT2 fp32 / int8: CTranslate2 converted offline from the same ``save_pretrained`` directory with its
   ``TransformersConverter`` (quantization float32 and int8), the same options in its names (beam_size,
   max/min decoding length, patience 1, length_penalty 1, return_end_token).
 - floor: the same model forwards with the KV cache and no search (prompt once per example, then B*K rows
-  for the number of steps our search took): the cost of the model alone, with the step ours uses (the lean
-  step on T5 and GPT-2 models, ``model(...)`` otherwise), so that ours/floor is the search's overhead.
+  for the number of steps our search took): the cost of the model alone, with the step ours uses (the fast
+  step on float32 T5 models, the lean step on other T5, GPT-2 and Llama models, ``model(...)`` otherwise), so that
+  ours/floor is the search's overhead.
 
 Models (``--models``): t5-small (random weights, d_model 512, 6+6 layers, vocab 32128, source 32, 48 new
 tokens, EOS suppressed so all engines return the same sequences), t5-small-eos (the same shape, EOS likely
@@ -55,8 +58,8 @@ import suite_graphs as graphs  # noqa: E402
 import suite_models as models  # noqa: E402
 from suite_plot import plot  # noqa: E402
 
-ENGINES = ("hf", "ours", "ours-fast", "ours-keep", "ours-generic", "ours-shared", "ours-compiled", "ours-static",
-           "ours-int8", "ours-graphs",
+ENGINES = ("hf", "ours", "ours-fast", "ours-lean", "ours-keep", "ours-generic", "ours-shared", "ours-compiled",
+           "ours-static", "ours-int8", "ours-graphs",
            "ct2-fp32",
            "ct2-int8", "floor")
 QUICK = {"models": "t5-small,t5-small-eos,g2p,gpt2", "beams": "1,4", "batches": "1,8", "repeats": 1,
@@ -147,6 +150,9 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-fast" in args.engines and workload.lean_t5:
         fast = engines.beamsearch_engine(workload, inputs, dict(kwargs, lean_step="fast"))
         row.timings["ours-fast"] = timed(fast)
+    if "ours-lean" in args.engines and workload.lean:
+        lean = engines.beamsearch_engine(workload, inputs, dict(kwargs, lean_step=True))
+        row.timings["ours-lean"] = timed(lean)
     if "ours-keep" in args.engines:
         keep = engines.beamsearch_engine(workload, inputs, dict(kwargs, remove_finished=False))
         row.timings["ours-keep"] = timed(keep)
@@ -169,7 +175,8 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
     if "ours-int8" in args.engines and args.device == "cpu":
         if workload.int8_model is None:
             workload.int8_model = beamsearch.quantize_int8(workload.model)
-        int8 = engines.beamsearch_engine(workload, inputs, kwargs, model=workload.int8_model)
+        step = {"lean_step": "fast"} if workload.lean_t5 else {}  # the CLI's --int8 on T5 models
+        int8 = engines.beamsearch_engine(workload, inputs, dict(kwargs, **step), model=workload.int8_model)
         row.timings["ours-int8"] = timed(int8)
     if "hf" in args.engines:
         row.timings["hf"] = timed(engines.hf_engine(workload, inputs, kwargs))
@@ -187,8 +194,9 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
         row.tokens[engine] = batch * row.steps if engine == "floor" else sum(map(len, timing.outputs))
         if reference is not None and engine not in ("hf", "floor"):
             row.equal_hf[engine] = sum(a == b for a, b in zip(timing.outputs, reference, strict=True))
-    if args.table == "graphs" and reference is not None and not memory_only:
-        graphs.guarded(f"{workload.name} near ties", lambda: graphs.count_ties(workload, inputs, kwargs, row),
+    if reference is not None and not memory_only:  # differences from transformers: at its own near ties or not
+        names = ("ours", "ours-graphs") if args.table == "graphs" else ("ours",)
+        graphs.guarded(f"{workload.name} near ties", lambda: graphs.count_ties(workload, inputs, kwargs, row, names),
                        args.notes)
     if exact_check and "ct2-fp32" in row.timings:
         ours_ct2 = engines.beamsearch_ct2_semantics(workload, inputs, beams)
@@ -213,7 +221,7 @@ def _mem(timing: engines.Timing | None) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | search | batch | steps | HF s | ours s | CT2 fp32 s | CT2 int8 s | floor s | HF/ours |"
-        " ours-fast s | HF/ours-fast | CT2/ours-fast | =HF ours-fast |"
+        " ours-lean s | HF/ours-lean | lean/ours | =HF ours-lean |"
         " keep/ours | generic/ours | shared/ours | compiled/ours | static/ours | CT2/ours | int8/ours | ours-int8 s |"
         " CT2 int8/ours-int8 | ours/floor | =HF ours | =HF CT2 | =HF int8 | =HF ours-int8 | CT2=ours[ct2] |"
         " peak MiB HF/ours/shared/CT2/int8/floor | ours tok/s |",
@@ -227,7 +235,11 @@ def table(rows: list[Row]) -> list[str]:
         ours = r.seconds("ours")
 
         def eq(engine: str, r=r) -> str:
-            return f"{r.equal_hf[engine]}/{r.batch}" if engine in r.equal_hf else "-"
+            if engine not in r.equal_hf:
+                return "-"
+            ties, bad = r.ties.get(engine), r.bad.get(engine)
+            return f"{r.equal_hf[engine]}/{r.batch}" + (f" +{ties} ties" if ties else "") + (
+                f" !{bad} not ties" if bad else "")
 
         memory = "/".join(_mem(r.timings.get(e)) for e in ("hf", "ours", "ours-shared", "ct2-fp32", "ct2-int8",
                                                             "floor"))
@@ -235,10 +247,10 @@ def table(rows: list[Row]) -> list[str]:
         lines.append(
             f"| {r.model} | {search} | {r.batch} | {r.steps} | {_fmt_s(r.seconds('hf'))} | {_fmt_s(ours)} |"
             f" {_fmt_s(r.seconds('ct2-fp32'))} | {_fmt_s(r.seconds('ct2-int8'))} | {_fmt_s(r.seconds('floor'))} |"
-            f" {_ratio(r.seconds('hf'), ours)} | {_fmt_s(r.seconds('ours-fast'))} |"
-            f" {_ratio(r.seconds('hf'), r.seconds('ours-fast'))} |"
-            f" {_ratio(r.seconds('ct2-fp32'), r.seconds('ours-fast'))} |"
-            f" {eq('ours-fast')} | {_ratio(r.seconds('ours-keep'), ours)} |"
+            f" {_ratio(r.seconds('hf'), ours)} | {_fmt_s(r.seconds('ours-lean'))} |"
+            f" {_ratio(r.seconds('hf'), r.seconds('ours-lean'))} |"
+            f" {_ratio(r.seconds('ours-lean'), ours)} |"
+            f" {eq('ours-lean')} | {_ratio(r.seconds('ours-keep'), ours)} |"
             f" {_ratio(r.seconds('ours-generic'), ours)} | {_ratio(r.seconds('ours-shared'), ours)} |"
             f" {_ratio(r.seconds('ours-compiled'), ours)} | {_ratio(r.seconds('ours-static'), ours)} |"
             f" {_ratio(r.seconds('ct2-fp32'), ours)} |"
@@ -345,14 +357,18 @@ def main(argv=None) -> None:
     if args.table == "full":
         report += ["", "HF/ours, CT2/ours, int8/ours: the other engine's time over ours (above 1: ours is faster);"
                    " keep/ours: ours without removing finished examples (remove_finished=False) over ours;"
-                   " generic/ours: ours with the generic model step (lean_step=False) over ours;"
+                   " ours-lean s: ours with lean_step=True (the lean step: the model's own kernels); lean/ours: its"
+                   " time over ours; generic/ours: ours with the generic model step (lean_step=False) over ours;"
                    " shared/ours: ours with share_encoder_state=True (one copy of the encoder state per example) over"
                    " ours; compiled/ours: ours with compile_step=True (torch.compile, after a compiling warm-up) over"
                    " ours; static/ours: ours with compile_step=\"static\" (the fixed-shape lean step, compiled) over"
                    " ours;"
-                   " ours-int8 s: ours on beamsearch.quantize_int8(model); CT2 int8/ours-int8: CTranslate2 int8's"
+                   " ours-int8 s: ours on beamsearch.quantize_int8(model) (T5: lean_step=\"fast\"); CT2 int8/ours-int8:"
+                   " CTranslate2 int8's"
                    " time over it;"
-                   " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers';"
+                   " ours/floor: our time over the model floor's. =HF: best hypotheses equal to transformers' (for"
+                   " ours, each difference classified by the parity grid's margin check: +n ties at transformers' own"
+                   " near ties, !n not ties);"
                    " CT2=ours[ct2]: CTranslate2 fp32 equal to beamsearch under semantics=\"ct2\". Peak MiB: growth"
                    " (CPU: peak RSS in a memory pass before the timing, with freed memory returned to the system;"
                    " CUDA: max_memory_allocated over the timed runs, ~ = device memory used by CTranslate2's"

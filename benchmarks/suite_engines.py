@@ -36,9 +36,11 @@ from pathlib import Path
 import torch
 
 import beamsearch
+from beamsearch.adapters.fast_t5 import FastT5State, fast_t5_encode
 from beamsearch.adapters.hf import search_model
 from beamsearch.adapters.hf_gpt2 import LeanGPT2State
 from beamsearch.adapters.hf_llama import LeanLlamaState
+from beamsearch.adapters.hf_steps import default_fast
 from beamsearch.adapters.hf_t5 import LeanT5State
 
 
@@ -215,18 +217,27 @@ def beamsearch_ct2_semantics(workload, inputs: dict, num_beams: int) -> list[lis
 
 
 def count_forwards(model: torch.nn.Module, run: Callable[[], object]) -> int:
-    """How many times ``run`` calls the model's output layer (the number of decoding steps; the lean T5 step
-    does not call the model's ``forward``)."""
+    """How many times ``run`` calls the model's output layer or the fast T5 step's decoder (the number of decoding
+    steps; the lean T5 step does not call the model's ``forward``, the fast one not its output layer either)."""
     calls = [0]
 
     def hook(*_):
         calls[0] += 1
 
+    fast_decode = FastT5State.__dict__["decode"]
+
+    def decode(state, *args):
+        if state.model is model:
+            calls[0] += 1
+        return fast_decode(state, *args)
+
     handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    FastT5State.decode = decode
     try:
         run()
     finally:
         handle.remove()
+        FastT5State.decode = fast_decode
     return calls[0]
 
 
@@ -239,7 +250,8 @@ def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable
     """The same model forwards with the KV cache and no search: the prompt (encoder, first decoder step, or
     the decoder-only prefill) once per example, then ``steps - 1`` steps of B*K rows, each feeding the row's
     argmax. No log-softmax, top-k, beam bookkeeping or cache reordering. On T5, GPT-2 and Llama models it runs the
-    lean step, as ours does, so that ours/floor is the search's overhead."""
+    step ours runs (the fast step on float32 T5 models, else the lean step), so that ours/floor is the search's
+    overhead."""
     from transformers.modeling_outputs import BaseModelOutput
 
     model, k = workload.model, num_beams
@@ -290,9 +302,12 @@ def floor_engine(workload, inputs: dict, num_beams: int, steps: int) -> Callable
         return torch.cat(tokens, 1)
 
     @torch.no_grad()
-    def run_lean_t5():  # the same step as ours on T5: the lean decoder step, without search or reorder
-        hidden = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-        state = LeanT5State(model, hidden, mask, steps + 1)
+    def run_lean_t5():  # the same step as ours on T5 (the fast step on float32 models), without search or reorder
+        if default_fast(model):
+            state = FastT5State(model, fast_t5_encode(model, ids, mask), mask, steps + 1)
+        else:
+            hidden = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+            state = LeanT5State(model, hidden, mask, steps + 1)
         state.reorder(torch.arange(size, device=ids.device).repeat_interleave(k))
         start = torch.full((size * k, 1), workload.start_token_id, dtype=torch.long, device=ids.device)
         token = _best(state.prefill(start))

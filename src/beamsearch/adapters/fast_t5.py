@@ -142,9 +142,25 @@ class FastT5State(LeanT5State):
         self.position_bias: torch.Tensor | None = None  # [T, T, H]: query position, key position, head
 
     def _set_cross(self, cross: torch.Tensor) -> None:
-        """The cross-attention keys and values ``[S, B, L, 2, H, d]``, and each layer's views ``[S, B, 1, H, d]``."""
+        """The cross-attention keys and values ``[S, B, L, 2, H, d]``, and each layer's keys ``[S, B, 1, H, d]``."""
         self.cross = cross
-        self.cross_layers = [(both[:, :, None, 0], both[:, :, None, 1]) for both in cross.unbind(2)]
+        self.cross_keys = [both[:, :, None, 0] for both in cross.unbind(2)]
+        self.cross_values: tuple[int, torch.Tensor, torch.Tensor] | None = None  # made by the first step (K known)
+
+    def _cross_value_rows(self, per_example: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows of the values (``cross`` as rows of d) for ``embedding_bag``, per layer ``[L, B*K*H*S]`` ordered
+        by bag (example b, its row k, head h) then source position s, and the bags' offsets ``[B*K*H]``."""
+        if self.cross_values is None or self.cross_values[0] != per_example:
+            length, examples, layers, _, heads, _ = self.cross.shape
+            device = self.cross.device
+            source = torch.arange(length, device=device) * (examples * layers * 2 * heads)  # [S]
+            example = torch.arange(examples, device=device)[:, None, None] * (layers * 2 * heads)  # [B, 1, 1]
+            layer = torch.arange(layers, device=device)[:, None, None, None, None] * (2 * heads)
+            head = heads + torch.arange(heads, device=device)[:, None]  # [H, 1]: the values' half
+            index = (layer + example[:, None] + head + source).expand(layers, examples, per_example, heads, length)
+            offsets = torch.arange(0, examples * per_example * heads * length, length, device=device)
+            self.cross_values = (per_example, index.reshape(layers, -1), offsets)
+        return self.cross_values[1], self.cross_values[2]
 
     def _empty_cache(self, device: torch.device) -> StackedTimeMajorCache:
         shape = (self.max_length, self.examples, len(self.blocks), 2, self.heads, self.head_size)
@@ -163,33 +179,44 @@ class FastT5State(LeanT5State):
             self.position_bias = table.permute(1, 2, 0).contiguous()
         bias = self.position_bias[position, : position + 1, None, :]  # [t, 1, H]
         epsilon = self.weights.epsilon
+        values = self.cache.value_rows(position + 1)
+        cross_values = self._cross_value_rows(tokens.shape[0] // self.cross.shape[1])
         hidden = self.model.decoder.embed_tokens(tokens)  # [N, D]
         for layer, packed in enumerate(self.weights.decoder_layers):
-            hidden = self._self_attention(packed, hidden, bias, layer, position)
-            hidden = self._cross_attention(packed, hidden, layer)
+            hidden = self._self_attention(packed, hidden, bias, layer, position, values)
+            hidden = self._cross_attention(packed, hidden, layer, cross_values)
             hidden = run_feed_forward(packed, _norm(hidden, epsilon), hidden)
         return self.weights.output(_norm(hidden, epsilon)).float()
 
     def _self_attention(self, packed: dict[str, Any], hidden: torch.Tensor, bias: torch.Tensor, layer: int,
-                        position: int) -> torch.Tensor:
-        """``hidden [N, D]`` plus the self-attention of its norm over the cache up to ``position``."""
+                        position: int, values: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``hidden [N, D]`` plus the self-attention of its norm over the cache up to ``position``: the scores
+        elementwise over the time-major keys, the values summed with their weights by ``embedding_bag`` (a gather
+        and a weighted sum in one kernel, no ``[t, N, H, d]`` product in memory)."""
         rows, heads, size = hidden.shape[0], self.heads, self.head_size
         qkv = packed["qkv"](_norm(hidden, self.weights.epsilon)).view(rows, 3, heads, size)  # query, key, value
-        keys, values = self.cache.write(layer, position, qkv[:, 1:])  # [t, N, H, d] each
+        keys, _ = self.cache.write(layer, position, qkv[:, 1:])  # [t, N, H, d]
         scores = (keys * qkv[:, 0]).sum(-1).add_(bias)  # [t, N, H]
-        mixed = (scores.softmax(0).unsqueeze(-1) * values).sum(0)  # [N, H, d]
+        weights = scores.softmax(0).permute(1, 2, 0).reshape(-1)  # [N*H*t]: bag (n, h), then position
+        table, index, offsets = values
+        mixed = F.embedding_bag(index[layer], table, offsets, mode="sum", per_sample_weights=weights)  # [N*H, d]
         return packed["self_out"].add_to(mixed.view(rows, heads * size), hidden)
 
-    def _cross_attention(self, packed: dict[str, Any], hidden: torch.Tensor, layer: int) -> torch.Tensor:
-        """``hidden [N, D]`` plus each row's attention over its example's encoder state."""
+    def _cross_attention(self, packed: dict[str, Any], hidden: torch.Tensor, layer: int,
+                         values: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``hidden [N, D]`` plus each row's attention over its example's encoder state (the values summed by
+        ``embedding_bag``, as in self-attention)."""
         rows, heads, size = hidden.shape[0], self.heads, self.head_size
-        keys, values = self.cross_layers[layer]  # [S, B, 1, H, d] each
+        keys = self.cross_keys[layer]  # [S, B, 1, H, d]
         examples = keys.shape[1]
         query = packed["cross_query"](_norm(hidden, self.weights.epsilon))
         scores = (keys * query.view(examples, rows // examples, heads, size)).sum(-1)  # [S, B, K, H]
         if self.source_bias is not None:
             scores.add_(self.source_bias)  # [S, B, 1, 1]
-        mixed = (scores.softmax(0).unsqueeze(-1) * values).sum(0)  # [B, K, H, d]
+        weights = scores.softmax(0).permute(1, 2, 3, 0).reshape(-1)  # [B*K*H*S]: bag (b, k, h), then position
+        index, offsets = values
+        mixed = F.embedding_bag(index[layer], self.cross.view(-1, size), offsets, mode="sum",
+                                per_sample_weights=weights)  # [B*K*H, d]
         return packed["cross_out"].add_to(mixed.view(rows, heads * size), hidden)
 
 

@@ -110,6 +110,7 @@ class StackedTimeMajorCache:
         self.buffer = buffer  # [T, N, L, 2, H, d]
         self.spare: torch.Tensor | None = None  # made by the first reorder
         self._views: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self._value_index: torch.Tensor | None = None  # [L, N, H, T]: see value_rows
 
     @classmethod
     def empty(cls, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> StackedTimeMajorCache:
@@ -139,6 +140,22 @@ class StackedTimeMajorCache:
         both, keys, values = self.layer(layer)
         both[position].copy_(key_value)
         return keys[: position + 1], values[: position + 1]
+
+    def value_rows(self, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For a weighted sum of the values by ``embedding_bag``: the buffer as rows of d values, and for each layer
+        the rows of positions ``< length`` ordered by bag (row n, head h) then position, ``[L, N*H*t]``, and the
+        bags' offsets ``[N*H]``. Made once per step for every layer."""
+        steps, rows, layers, _, heads, size = self.buffer.shape
+        if self._value_index is None or self._value_index.shape[1:3] != (rows, heads) \
+                or self._value_index.shape[3] != steps:
+            position = torch.arange(steps, device=self.buffer.device) * (rows * layers * 2 * heads)
+            row = torch.arange(rows, device=self.buffer.device)[:, None] * (layers * 2 * heads)
+            layer = torch.arange(layers, device=self.buffer.device)[:, None, None] * (2 * heads)
+            first = layer + row + heads + torch.arange(heads, device=self.buffer.device)  # [L, N, H]: values at t = 0
+            self._value_index = first[..., None] + position  # [L, N, H, T]
+        index = self._value_index[..., :length].reshape(layers, -1)
+        offsets = torch.arange(0, rows * heads * length, length, device=self.buffer.device)
+        return self.buffer.view(-1, size), index, offsets
 
     def reorder(self, index: torch.Tensor, length: int) -> None:
         """Rows ``index`` (as many rows as now): the filled part gathered into the spare, and the two swapped."""
