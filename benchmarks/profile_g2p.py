@@ -8,7 +8,11 @@ wall time is the adapter's setup (tokenizer padding, encoder, state creation) an
 ``torch.profiler`` runs one batch of each and lists the operators by self CPU time, so that the model's share can be
 split into its kernels and the dispatch around them.
 
-    .venv/bin/python benchmarks/profile_g2p.py [--words 512] [--batch 64] [--beams 5] [--threads 1] [--fast]
+    .venv/bin/python benchmarks/profile_g2p.py [--words 512] [--batch 64] [--beams 5] [--threads 1] [--lean]
+        [--unsorted]
+
+The default step is the fast T5 step (issue 29); ``--lean`` profiles the lean step (``lean_step=True``) instead,
+``--unsorted`` takes the batches in file order.
 
 Prints two tables (markdown). Nothing is written. Timings are of this machine and this moment; run it in one
 process with nothing else busy, and compare only runs made the same way.
@@ -68,6 +72,53 @@ def instrumented(timers: Timers):
     return decode
 
 
+MARKS = ("model step", "search step", "state reorder")
+
+
+def marked(real_decode):
+    """``engine.decode`` with the model step, the strategy's advance and the state reorder each under a
+    ``torch.profiler.record_function`` range, for :func:`ops_per_call`."""
+    from beamsearch import loop
+
+    def within(name: str, fn):
+        def wrapper(*args, **kwargs):
+            with torch.profiler.record_function(name):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def decode(step, state, strategy, batch_size):
+        strategy.advance = within("search step", strategy.advance)
+        step_in_range = within("model step", step)
+        step_in_range.fresh_logits = getattr(step, "fresh_logits", False)
+        real_reorder = loop.reorder_state
+        loop.reorder_state = within("state reorder", real_reorder)
+        try:
+            return real_decode(step_in_range, state, strategy, batch_size)
+        finally:
+            loop.reorder_state = real_reorder
+
+    return decode
+
+
+def ops_per_call(prof) -> dict[str, float]:
+    """Top-level operator calls (ATen and the oneDNN / quantized ops; those an operator calls are not counted) per
+    call of each marked range: the dispatches a step makes."""
+    events = prof.events()
+    calls = {name: sum(e.name == name for e in events) for name in MARKS}
+    ops = dict.fromkeys(MARKS, 0)
+    kinds = ("aten::", "mkldnn::", "quantized::")
+    for event in events:
+        parent = event.cpu_parent
+        if not event.name.startswith(kinds) or (parent is not None and parent.name.startswith(kinds)):
+            continue
+        while parent is not None and parent.name not in ops:
+            parent = parent.cpu_parent
+        if parent is not None:
+            ops[parent.name] += 1
+    return {name: ops[name] / calls[name] for name in MARKS if calls[name]}
+
+
 def run(model, tokenizer, words: list[str], batch: int, beams: int, **options) -> float:
     from beamsearch.adapters.hf import search_model
 
@@ -85,7 +136,9 @@ def main() -> None:
     ap.add_argument("--beams", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--top", type=int, default=12, help="operators listed per search")
-    ap.add_argument("--fast", action="store_true", help="profile the fast T5 step (lean_step='fast')")
+    ap.add_argument("--lean", action="store_true", help="profile the lean T5 step (lean_step=True)")
+    ap.add_argument("--fast", action="store_true", help="lean_step='fast' (the default step on this model already)")
+    ap.add_argument("--unsorted", action="store_true", help="batches in file order (the CLI sorts by length)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -96,13 +149,14 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(G2P_DIR)
     words = [line.split("\t")[0].lower() for line in WORDS.read_text(encoding="utf-8").splitlines() if line]
     words = words[: args.words]  # lowercased, as the CLI feeds the embedded model
-    words.sort(key=len)  # batched by length, as the CLI batches its inputs (less padding)
+    if not args.unsorted:
+        words.sort(key=len)  # batched by length, as the CLI batches its inputs (less padding)
     print(f"{len(words)} CMUdict test words, batches of {args.batch}, {args.threads} thread(s), torch "
           f"{torch.__version__}\n")
     print("| search | wall s | model step | search step (advance) | state reorder | host sync (is_done) | rest | "
           "steps | per step ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    options = {"lean_step": "fast"} if args.fast else {}
+    options = {"lean_step": True} if args.lean else {"lean_step": "fast"} if args.fast else {}
     real_decode = engine.decode
     with torch.no_grad():
         for beams in (1, args.beams):
@@ -124,11 +178,16 @@ def main() -> None:
 
         for beams in (1, args.beams):
             inputs = tokenizer(words[: args.batch], return_tensors="pt", padding=True)
-
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                search_model(model, **inputs, num_beams=beams, **options)
+            engine.decode = marked(real_decode)
+            try:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    search_model(model, **inputs, num_beams=beams, **options)
+            finally:
+                engine.decode = real_decode
             name = "greedy" if beams == 1 else f"beam {beams}"
-            print(f"\n{name}, one batch of {args.batch}: operators by self CPU time\n")
+            counts = " ".join(f"{part} {ops:.0f}" for part, ops in ops_per_call(prof).items())
+            print(f"\n{name}, one batch of {args.batch}: operator calls per step ({counts}); operators by self CPU "
+                  "time\n")
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top,
                                               max_name_column_width=40)
             print(table)
