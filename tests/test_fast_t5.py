@@ -48,14 +48,22 @@ MODELS = [(False, False, "t5"), (True, False, "t5"), (False, True, "t5"), (True,
 
 
 @pytest.mark.parametrize(("gated", "tied", "model_type"), MODELS)
-def test_encoder_equals_the_models_encoder(gated, tied, model_type):
+@pytest.mark.parametrize("padded", [True, False])
+def test_encoder_equals_the_models_encoder(gated, tied, model_type, padded):
+    """The encoder's products run on the source tokens only (padding left out, zeros in the output there)."""
     model = t5(gated, tied, model_type=model_type)
     ids, mask = padded_inputs(5, seed=1)
+    if not padded:
+        mask = torch.ones_like(mask)
     with torch.no_grad():
         expected = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
         got = fast_t5.fast_t5_encode(model, ids, mask)
+        unmasked = fast_t5.fast_t5_encode(model, ids, None)
     kept = mask.bool()
     torch.testing.assert_close(got[kept], expected[kept], rtol=1e-4, atol=1e-4)
+    assert torch.equal(got[~kept], torch.zeros_like(got[~kept]))
+    if not padded:
+        torch.testing.assert_close(unmasked, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(("gated", "tied", "model_type"), MODELS)
@@ -147,12 +155,12 @@ def _best(model, tokenizer, words, **kwargs):
 
 
 @pytest.mark.parametrize("beams", [1, 5])
-def test_g2p_words_equal_the_default_step(g2p, beams):
-    """The embedded model on 256 test words: the fast step's best output equals the default step's on at least
-    99% of words (issue 21's bar; on this machine all of them)."""
+def test_g2p_words_equal_the_lean_step(g2p, beams):
+    """The embedded model on 256 test words: the fast step's best output (the default) equals the lean step's
+    (transformers' kernels) on at least 99% of words (issue 21's bar; on this machine all of them)."""
     model, tokenizer, words = g2p
-    expected = _best(model, tokenizer, words, num_beams=beams)
-    got = _best(model, tokenizer, words, num_beams=beams, lean_step="fast")
+    expected = _best(model, tokenizer, words, num_beams=beams, lean_step=True)
+    got = _best(model, tokenizer, words, num_beams=beams)
     same = sum(a == b for a, b in zip(expected, got, strict=True))
     assert same >= 0.99 * len(words), f"{len(words) - same} of {len(words)} words differ"
 
@@ -202,23 +210,40 @@ def test_refusals_name_the_reason():
         search_model(gpt2.eval(), input_ids=ids, max_new_tokens=2, lean_step="fast")
 
 
-def test_cli_fast_flag(tmp_path, capsys):
-    """``decode --fast``: the embedded model's outputs equal the default step's on these words (scores to float
-    rounding); a model the fast step cannot run is refused with the reason, nothing written."""
+def test_cli_step_flags(tmp_path, capsys, monkeypatch):
+    """``decode`` runs the fast step by default, ``--fast`` too, ``--lean-step`` the lean step: the embedded model's
+    outputs equal on these words (scores to float rounding); a model the fast step cannot run is refused by
+    ``--fast`` with the reason, nothing written."""
     import shutil
 
+    from beamsearch.adapters import hf_steps
     from beamsearch.cli import main
 
+    states = []
+    original = hf_steps.lean_t5_step
+
+    def recording(tokens, state):
+        states.append(type(state).__name__)
+        return original(tokens, state)
+
+    monkeypatch.setattr(hf_steps, "lean_t5_step", recording)
     words = tmp_path / "words.txt"
     words.write_text("hello\nbeam\nsearch\npronunciation\ninternationalization\ndog's\n", encoding="utf-8")
     rows = {}
-    for name, extra in (("default", []), ("fast", ["--fast"])):
+    for name, extra, state in (("default", [], "FastT5State"), ("fast", ["--fast"], "FastT5State"),
+                               ("lean", ["--lean-step"], "LeanT5State")):
+        states.clear()
         assert main(["decode", str(words), "--num-beams", "4", "--num-return-sequences", "2", "--format", "tsv",
                      *extra]) == 0
         rows[name] = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
-    for default, fast in zip(rows["default"], rows["fast"], strict=True):
-        assert default[:3] + default[4:] == fast[:3] + fast[4:]  # all but the score
-        assert abs(float(default[3]) - float(fast[3])) < 1e-4
+        assert set(states) == {state}, name
+    for lean, default, fast in zip(rows["lean"], rows["default"], rows["fast"], strict=True):
+        assert default == fast
+        assert lean[:3] + lean[4:] == fast[:3] + fast[4:]  # all but the score
+        assert abs(float(lean[3]) - float(fast[3])) < 1e-4
+    with pytest.raises(SystemExit):
+        main(["decode", str(words), "--fast", "--lean-step"])  # one or the other
+    capsys.readouterr()
     folder = tmp_path / "lm"
     config = transformers.GPT2Config(vocab_size=101, n_embd=16, n_layer=1, n_head=2, n_positions=32, eos_token_id=1,
                                      pad_token_id=0)
@@ -229,3 +254,64 @@ def test_cli_fast_flag(tmp_path, capsys):
     assert main(["decode", str(words), "--model", str(folder), "--fast", "--output", str(output)]) == 2
     assert "lean_step='fast' cannot run this call: model_type 'gpt2' is not T5" in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_the_default_is_fast_on_float32_and_lean_on_int8(monkeypatch):
+    """``lean_step=None``: the fast step on a float32 T5 model, the lean step on its int8 copy (whose products the
+    fast step would requantize) and with the lean step's own options; ``lean_step="fast"`` on the int8 copy."""
+    from beamsearch.adapters import hf_steps
+
+    model = t5(False, False)
+    ids, mask = padded_inputs(3, seed=8)
+    states = []
+    original = hf_steps.lean_t5_step
+
+    def recording(tokens, state):
+        states.append(type(state).__name__)
+        return original(tokens, state)
+
+    monkeypatch.setattr(hf_steps, "lean_t5_step", recording)
+    quantized = quantize_int8(model)
+    for chosen, options, expected in ((model, {}, "FastT5State"), (quantized, {}, "LeanT5State"),
+                                      (quantized, {"lean_step": "fast"}, "FastT5State"),
+                                      (model, {"share_encoder_state": True}, "LeanT5State"),
+                                      (model, {"lean_step": True}, "LeanT5State")):
+        states.clear()
+        search_model(chosen, input_ids=ids, attention_mask=mask, num_beams=2, max_new_tokens=4, **options)
+        assert set(states) == {expected}, options
+
+
+def test_the_fast_encoder_runs_with_generation_options(monkeypatch):
+    """The fast encoder replaces transformers' on a plain call, generation options included (``num_beams``,
+    ``max_new_tokens``: they go to the generation config, not to the encoder); attention outputs leave the encoder to
+    the model. Where the call then cannot run the fast step (a ``decoder_attention_mask``), the step gets the model's
+    own encoder output, as generate makes it: the results equal the generic step's bit for bit."""
+    from beamsearch.adapters import hf_inputs
+
+    model = t5(False, False, seed=3)
+    ids, mask = padded_inputs(3, seed=9)
+    encoded = []
+    original = hf_inputs.prepare
+
+    def recording(*args, **kwargs):
+        setup = original(*args, **kwargs)
+        encoded.append(setup)  # its "fast_encoded" read after the call, which may have re-encoded
+        return setup
+
+    monkeypatch.setattr(hf_inputs, "prepare", recording)
+    monkeypatch.setattr("beamsearch.adapters.hf.prepare", recording)
+    options = dict(num_beams=3, max_new_tokens=5, do_sample=False)
+    search_model(model, input_ids=ids, attention_mask=mask, **options)
+    search_model(model, input_ids=ids, attention_mask=mask, **options, lean_step=True)
+    search_model(model, input_ids=ids, attention_mask=mask, **options, output_attentions=True)
+    assert [setup["fast_encoded"] for setup in encoded] == [True, False, False]
+    encoded.clear()
+    start = torch.zeros(3, 1, dtype=torch.long)
+    with torch.no_grad():
+        fallback = search_model(model, input_ids=ids, attention_mask=mask, decoder_input_ids=start,
+                                decoder_attention_mask=torch.ones_like(start), **options)
+        generic = search_model(model, input_ids=ids, attention_mask=mask, decoder_input_ids=start,
+                               decoder_attention_mask=torch.ones_like(start), **options, lean_step=False)
+    assert [setup["fast_encoded"] for setup in encoded] == [False, False]  # re-encoded by the model (first)
+    assert torch.equal(fallback.sequences, generic.sequences)
+    assert torch.equal(fallback.sequences_scores, generic.sequences_scores)

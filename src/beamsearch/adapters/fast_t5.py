@@ -145,11 +145,12 @@ class FastT5State(LeanT5State):
         """The cross-attention keys and values ``[S, B, L, 2, H, d]``, and each layer's keys ``[S, B, 1, H, d]``."""
         self.cross = cross
         self.cross_keys = [both[:, :, None, 0] for both in cross.unbind(2)]
-        self.cross_values: tuple[int, torch.Tensor, torch.Tensor] | None = None  # made by the first step (K known)
+        self.cross_rows = cross.view(-1, cross.shape[-1])  # the values' table for embedding_bag: rows of d
+        self.cross_values: tuple | None = None  # made by the first step (K known)
 
-    def _cross_value_rows(self, per_example: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows of the values (``cross`` as rows of d) for ``embedding_bag``, per layer ``[L, B*K*H*S]`` ordered
-        by bag (example b, its row k, head h) then source position s, and the bags' offsets ``[B*K*H]``."""
+    def _cross_value_rows(self, per_example: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """The rows of the values (``cross`` as rows of d) for ``embedding_bag``, per layer ``[B*K*H*S]`` ordered by
+        bag (example b, its row k, head h) then source position s, and the bags' offsets ``[B*K*H]``."""
         if self.cross_values is None or self.cross_values[0] != per_example:
             length, examples, layers, _, heads, _ = self.cross.shape
             device = self.cross.device
@@ -159,7 +160,7 @@ class FastT5State(LeanT5State):
             head = heads + torch.arange(heads, device=device)[:, None]  # [H, 1]: the values' half
             index = (layer + example[:, None] + head + source).expand(layers, examples, per_example, heads, length)
             offsets = torch.arange(0, examples * per_example * heads * length, length, device=device)
-            self.cross_values = (per_example, index.reshape(layers, -1), offsets)
+            self.cross_values = (per_example, index.reshape(layers, -1).unbind(0), offsets)
         return self.cross_values[1], self.cross_values[2]
 
     def _empty_cache(self, device: torch.device) -> StackedTimeMajorCache:
@@ -189,7 +190,8 @@ class FastT5State(LeanT5State):
         return self.weights.output(_norm(hidden, epsilon)).float()
 
     def _self_attention(self, packed: dict[str, Any], hidden: torch.Tensor, bias: torch.Tensor, layer: int,
-                        position: int, values: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                        position: int, values: tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]
+                        ) -> torch.Tensor:
         """``hidden [N, D]`` plus the self-attention of its norm over the cache up to ``position``: the scores
         elementwise over the time-major keys, the values summed with their weights by ``embedding_bag`` (a gather
         and a weighted sum in one kernel, no ``[t, N, H, d]`` product in memory)."""
@@ -203,7 +205,7 @@ class FastT5State(LeanT5State):
         return packed["self_out"].add_to(mixed.view(rows, heads * size), hidden)
 
     def _cross_attention(self, packed: dict[str, Any], hidden: torch.Tensor, layer: int,
-                         values: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                         values: tuple[tuple[torch.Tensor, ...], torch.Tensor]) -> torch.Tensor:
         """``hidden [N, D]`` plus each row's attention over its example's encoder state (the values summed by
         ``embedding_bag``, as in self-attention)."""
         rows, heads, size = hidden.shape[0], self.heads, self.head_size
@@ -215,7 +217,7 @@ class FastT5State(LeanT5State):
             scores.add_(self.source_bias)  # [S, B, 1, 1]
         weights = scores.softmax(0).permute(1, 2, 3, 0).reshape(-1)  # [B*K*H*S]: bag (b, k, h), then position
         index, offsets = values
-        mixed = F.embedding_bag(index[layer], self.cross.view(-1, size), offsets, mode="sum",
+        mixed = F.embedding_bag(index[layer], self.cross_rows, offsets, mode="sum",
                                 per_sample_weights=weights)  # [B*K*H, d]
         return packed["cross_out"].add_to(mixed.view(rows, heads * size), hidden)
 

@@ -141,10 +141,10 @@ class StackedTimeMajorCache:
         both[position].copy_(key_value)
         return keys[: position + 1], values[: position + 1]
 
-    def value_rows(self, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """For a weighted sum of the values by ``embedding_bag``: the buffer as rows of d values, and for each layer
-        the rows of positions ``< length`` ordered by bag (row n, head h) then position, ``[L, N*H*t]``, and the
-        bags' offsets ``[N*H]``. Made once per step for every layer."""
+    def value_rows(self, length: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+        """For a weighted sum of the values by ``embedding_bag``: the buffer as rows of d values, for each layer the
+        rows of positions ``< length`` ordered by bag (row n, head h) then position, ``[N*H*t]``, and the bags'
+        offsets ``[N*H]``. Made once per step for every layer."""
         steps, rows, layers, _, heads, size = self.buffer.shape
         if self._value_index is None or self._value_index.shape[1:3] != (rows, heads) \
                 or self._value_index.shape[3] != steps:
@@ -153,7 +153,7 @@ class StackedTimeMajorCache:
             layer = torch.arange(layers, device=self.buffer.device)[:, None, None] * (2 * heads)
             first = layer + row + heads + torch.arange(heads, device=self.buffer.device)  # [L, N, H]: values at t = 0
             self._value_index = first[..., None] + position  # [L, N, H, T]
-        index = self._value_index[..., :length].reshape(layers, -1)
+        index = self._value_index[..., :length].reshape(layers, -1).unbind(0)
         offsets = torch.arange(0, rows * heads * length, length, device=self.buffer.device)
         return self.buffer.view(-1, size), index, offsets
 
