@@ -315,3 +315,14 @@ def test_the_fast_encoder_runs_with_generation_options(monkeypatch):
     assert [setup["fast_encoded"] for setup in encoded] == [False, False]  # re-encoded by the model (first)
     assert torch.equal(fallback.sequences, generic.sequences)
     assert torch.equal(fallback.sequences_scores, generic.sequences_scores)
+
+
+def test_the_fast_default_is_for_the_cpu():
+    """Off the CPU the default is the lean step (the fast step is built and measured for CPU kernels); a model on
+    the meta device stands in for a GPU here."""
+    from beamsearch.adapters.hf_steps import default_fast, fast_capable
+
+    model = t5(False, False)
+    assert default_fast(model)
+    elsewhere = t5(False, False).to("meta")
+    assert fast_capable(elsewhere) and not default_fast(elsewhere)

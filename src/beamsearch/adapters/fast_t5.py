@@ -1,5 +1,6 @@
-"""The fast T5 step, the default for float32 T5 models (``lean_step=None`` or ``"fast"``): the lean step's reorders,
-with packed weights, fused products and an attention written for one query over a short, time-major cache.
+"""The fast T5 step, the default for float32 T5 models on the CPU (``lean_step=None`` or ``"fast"``): the lean
+step's reorders, with packed weights, fused products and an attention written for one query over a short,
+time-major cache.
 
 Where the lean step (``hf_t5.py``, ``lean_step=True``) calls the model's own modules so that its logits equal
 ``model(...)`` bit for bit, this step trades that equality for fewer, larger kernels per step (the profile of a

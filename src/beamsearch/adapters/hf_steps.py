@@ -174,13 +174,15 @@ def fast_capable(model: Any) -> bool:
 
 
 def default_fast(model: Any, share_encoder_state: bool = False, compile_step: bool | str = False) -> bool:
-    """Whether ``lean_step=None`` tries the fast T5 step on this model: a float32 T5 / mT5 model that the fast step
-    can run, without an option of the lean step's (``share_encoder_state``, ``compile_step``; compiling the fast step
-    is opt-in, ``lean_step="fast"``). int8 models keep the lean step, whose products are the quantized model's own
-    (the fast step requantizes per output row: other results)."""
+    """Whether ``lean_step=None`` tries the fast T5 step on this model: a float32 T5 / mT5 model on the CPU that the
+    fast step can run, without an option of the lean step's (``share_encoder_state``, ``compile_step``; compiling the
+    fast step is opt-in, ``lean_step="fast"``). int8 models keep the lean step, whose products are the quantized
+    model's own (the fast step requantizes per output row: other results); so do models on a GPU, where the fast
+    step (built and measured for CPU kernels) has not been measured against the lean one."""
     if share_encoder_state or compile_step or not fast_capable(model):
         return False
-    return not is_int8(model.decoder.block[0].layer[0].SelfAttention.q)
+    weight = model.decoder.embed_tokens.weight
+    return weight.device.type == "cpu" and not is_int8(model.decoder.block[0].layer[0].SelfAttention.q)
 
 
 def wants_fast_step(model: Any, lean_step: Any = None, share_encoder_state: bool = False,

@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         step = perf.add_mutually_exclusive_group()
         step.add_argument("--fast", action="store_true", help="T5 models: the fast step or an error (packed weights, "
                           "oneDNN products, its own attention; equal to float rounding, not bit for bit; "
-                          "lean_step='fast'). Already the default for float32 T5 models (the embedded one too) "
-                          "and with --int8; docs/performance.md")
+                          "lean_step='fast'). Already the default for float32 T5 models on the CPU (the embedded one "
+                          "too) and with --int8; docs/performance.md")
         step.add_argument("--lean-step", action="store_true", help="the lean step instead of the fast one (the "
                           "model's own kernels: logits equal to transformers' bit for bit; lean_step=True)")
         perf.add_argument("--cuda-graphs", action="store_true", help="each decoding step captured once in a CUDA "
