@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_hf import T5_VOCAB
+from tiny_hf import T5_VOCAB, record_t5_states
 from tiny_hf import random_t5 as t5
 
 from beamsearch.adapters import fast_t5
@@ -216,17 +216,9 @@ def test_cli_step_flags(tmp_path, capsys, monkeypatch):
     ``--fast`` with the reason, nothing written."""
     import shutil
 
-    from beamsearch.adapters import hf_steps
     from beamsearch.cli import main
 
-    states = []
-    original = hf_steps.lean_t5_step
-
-    def recording(tokens, state):
-        states.append(type(state).__name__)
-        return original(tokens, state)
-
-    monkeypatch.setattr(hf_steps, "lean_t5_step", recording)
+    states = record_t5_states(monkeypatch)
     words = tmp_path / "words.txt"
     words.write_text("hello\nbeam\nsearch\npronunciation\ninternationalization\ndog's\n", encoding="utf-8")
     rows = {}
@@ -259,18 +251,10 @@ def test_cli_step_flags(tmp_path, capsys, monkeypatch):
 def test_the_default_is_fast_on_float32_and_lean_on_int8(monkeypatch):
     """``lean_step=None``: the fast step on a float32 T5 model, the lean step on its int8 copy (whose products the
     fast step would requantize) and with the lean step's own options; ``lean_step="fast"`` on the int8 copy."""
-    from beamsearch.adapters import hf_steps
 
     model = t5(False, False)
     ids, mask = padded_inputs(3, seed=8)
-    states = []
-    original = hf_steps.lean_t5_step
-
-    def recording(tokens, state):
-        states.append(type(state).__name__)
-        return original(tokens, state)
-
-    monkeypatch.setattr(hf_steps, "lean_t5_step", recording)
+    states = record_t5_states(monkeypatch)
     quantized = quantize_int8(model)
     for chosen, options, expected in ((model, {}, "FastT5State"), (quantized, {}, "LeanT5State"),
                                       (quantized, {"lean_step": "fast"}, "FastT5State"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from numerics import assert_scores_close
-from tiny_hf import T5_VOCAB, assert_generate_equivalent
+from tiny_hf import T5_VOCAB, assert_generate_equivalent, record_t5_states
 from tiny_hf import random_t5 as t5
 
 import beamsearch
@@ -56,14 +56,7 @@ def test_default_and_lean_steps_equal_the_generic_step(monkeypatch, lean_step, s
     generic step (``lean_step=False``), which runs neither."""
     model = t5(seed=3)
     ids, mask = inputs(6, seed=3)
-    states = []
-    original = hf_steps.lean_t5_step
-
-    def counting(tokens, state):
-        states.append(type(state).__name__)
-        return original(tokens, state)
-
-    monkeypatch.setattr(hf_steps, "lean_t5_step", counting)
+    states = record_t5_states(monkeypatch)
     lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, num_beams=4, max_new_tokens=12,
                                    lean_step=lean_step)
     assert states and set(states) == {state_type}

@@ -96,6 +96,22 @@ def reference_generate(model, **kwargs):
     return model.generate(**kwargs, stopping_criteria=[*kwargs.pop("stopping_criteria", ()), criterion])
 
 
+def record_t5_states(monkeypatch) -> list[str]:
+    """The type name of the state each T5 step is given, appended as the adapter's T5 step function runs (the lean
+    and the fast step share it): which step a call chose."""
+    from beamsearch.adapters import hf_steps
+
+    states: list[str] = []
+    original = hf_steps.lean_t5_step
+
+    def recording(tokens, state):
+        states.append(type(state).__name__)
+        return original(tokens, state)
+
+    monkeypatch.setattr(hf_steps, "lean_t5_step", recording)
+    return states
+
+
 def generate_both(model, ours: dict | None = None, seed: int = 7, **kwargs):
     """``model.generate(**kwargs)`` and ``beamsearch.generate(model, **kwargs, **ours)`` (``ours``: options only
     beamsearch takes), each after ``torch.manual_seed(seed)`` so that sampling draws alike: (transformers', ours)."""
