@@ -48,8 +48,9 @@ def test_the_embedded_model_ties_its_limit_to_the_source_and_caps_it_lower(confi
 
 def test_a_long_word_runs_to_the_source_tied_limit_not_the_models_cap(config, tmp_path, capsys):
     [best], _ = decoded(tmp_path, capsys, [LONG_WORD], "-q")
-    assert best["finish_reason"] == "eos"
     assert config.max_new_tokens < len(best["tokens"]) <= source_tied_tokens(config, LONG_WORD)
+    at_limit = len(best["tokens"]) == source_tied_tokens(config, LONG_WORD)
+    assert best["finish_reason"] == ("source_length_limit" if at_limit else "eos")
     # the same output as under a cap that cannot bind: the source-tied limit alone decides
     [free], _ = decoded(tmp_path, capsys, [LONG_WORD], "-q", "--max-new-tokens",
                         str(source_tied_tokens(config, LONG_WORD) + 10))
@@ -73,12 +74,44 @@ def test_the_summary_counts_the_outputs_cut_at_the_cap(tmp_path, capsys):
 def test_the_summary_counts_the_outputs_cut_at_the_source_tied_limit(config, tmp_path, capsys):
     hyps, err = decoded(tmp_path, capsys, [*SHORT_WORDS, LONG_WORD])
     words = [*SHORT_WORDS, LONG_WORD]
-    cut = sum(len(h["tokens"]) == source_tied_tokens(config, w) for h, w in zip(hyps, words, strict=True))
-    assert cut >= 1 and all(h["finish_reason"] == "eos" for h in hyps)
+    at_limit = [len(h["tokens"]) == source_tied_tokens(config, w) for h, w in zip(hyps, words, strict=True)]
+    cut = sum(at_limit)
+    assert 1 <= cut < len(hyps)
+    # the files mark each output the limit ended (its EOS was forced), the others ended by themselves
+    assert [h["finish_reason"] for h in hyps] == ["source_length_limit" if a else "eos" for a in at_limit]
     limit = f"{config.max_len_a:g}*source+{config.max_len_b}"
     assert (f"beamsearch: {cut} of {len(hyps)} outputs were cut at a length limit: {cut} at the source-tied limit "
-            f"max_len_a*source+max_len_b = {limit} tokens, where EOS is forced (--max-len-a and --max-len-b raise "
-            "it)\n") in err
+            f"max_len_a*source+max_len_b = {limit} tokens, marked finish_reason source_length_limit (--max-len-a "
+            "and --max-len-b raise it)\n") in err
+
+
+def test_every_format_marks_and_ranks_an_output_ended_at_the_source_tied_limit(tmp_path, capsys):
+    """jsonl marks each hypothesis the limit ended; --unfinished last ranks them after those that ended by
+    themselves, --unfinished keep leaves the search's order; text marks a best output the limit ended. A limit of
+    0*source+4 (5 tokens with the EOS) gives "search" an n-best list with both kinds, and "hello" (HH AH L OW)
+    none that ends before it."""
+    def run(word: str, b: int, *flags: str) -> str:
+        path = tmp_path / "in.txt"
+        path.write_text(word + "\n", encoding="utf-8")
+        assert main(["decode", str(path), "-q", "--num-beams", "8", "--num-return-sequences", "8", "--max-len-a",
+                     "0", "--max-len-b", str(b), *flags]) == 0
+        return capsys.readouterr().out
+
+    orders = {}
+    for unfinished in ("keep", "last"):
+        [record] = [json.loads(line) for line in run("search", 4, "--format", "jsonl", "--unfinished", unfinished)
+                    .splitlines()]
+        hyps = record["hypotheses"]
+        assert all((h["finish_reason"] == "source_length_limit") == (len(h["tokens"]) == 5) for h in hyps)
+        orders[unfinished] = [(h["text"], h["finish_reason"]) for h in hyps]
+    kept = orders["keep"]
+    assert {r for _, r in kept} == {"eos", "source_length_limit"}  # the case needs both kinds
+    assert orders["last"] != kept  # and one cut hypothesis ranked before one that ended
+    assert orders["last"] == [h for h in kept if h[1] == "eos"] + [h for h in kept if h[1] != "eos"]
+    [best, *_] = run("hello", 2, "--format", "tsv").splitlines()
+    text = best.split("\t")[4]
+    assert best.endswith("\tsource_length_limit") and len(text.split()) == 2
+    assert run("hello", 2) == f"{text}\t[unfinished: source_length_limit]\n"
 
 
 def test_no_summary_when_nothing_is_cut_or_with_quiet(tmp_path, capsys):

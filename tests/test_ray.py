@@ -113,6 +113,20 @@ def test_a_worker_killed_mid_block_is_restarted_and_its_block_redone(local_ray, 
     assert got == want
 
 
+def test_the_summary_line_counts_the_cut_outputs_of_every_block(local_ray, words, tmp_path, capsys):
+    """decode --ray ends with the single process's line counting the outputs a length limit cut, summed over the
+    blocks the workers decoded (both limits bind on these words: the cap at 5 and half the source length)."""
+    flags = ["--format", "tsv", "--threads", "1", "--max-new-tokens", "5", "--max-len-a", "0.5", "--max-len-b", "0"]
+
+    def summary(name: str, *extra: str) -> list[str]:
+        assert main(["decode", str(words), *flags, *LAYOUT, "-o", str(tmp_path / name), *extra]) == 0
+        return [line for line in capsys.readouterr().err.splitlines() if "cut at a length limit" in line]
+
+    [single] = summary("single.tsv")
+    assert "at max_new_tokens=5" in single and "at the source-tied limit" in single
+    assert summary("ray.tsv", "--ray", "--num-workers", "2") == [single]
+
+
 def test_an_interrupted_run_resumes_from_its_manifest(local_ray, words, reference_folder, tmp_path, monkeypatch,
                                                       capsys):
     flags = CASES["tsv-beam5"]

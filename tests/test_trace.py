@@ -158,3 +158,48 @@ def _ancestry(nodes, node_id):
         ids.append(node_id)
         node_id = nodes[node_id]["parent"]
     return ids[::-1]
+
+
+def test_the_trace_command_takes_only_flags_it_honours(tmp_path, capsys):
+    """trace decodes one input with one model, recorded on the host: it has no batching, ensemble, n-best ranking
+    or CUDA-graph flags (argparse refuses them by name), and the model flags it has take effect: --int8 gives
+    decode --int8's best output, --max-input-length truncates with decode's warning (or refuses with --on-long
+    error), --seed makes a sampled trace repeat."""
+    from beamsearch.cli.flags import build_parser
+    from beamsearch.cli.main import main
+
+    trace_parser = build_parser()._subparsers._group_actions[0].choices["trace"]
+    listed = {flag for action in trace_parser._actions for flag in action.option_strings}
+    for flag in ("--batch-size", "--batch-type", "--ensemble", "--ensemble-mode", "--unfinished", "--cuda-graphs"):
+        assert flag not in listed
+        with pytest.raises(SystemExit) as exit_:
+            main(["trace", "river", flag, "1"])
+        assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    assert {"--int8", "--threads", "--seed", "--max-input-length", "--on-long", "--fast", "--lean-step"} <= listed
+
+    word = tmp_path / "word.txt"
+    word.write_text("quintessential\n", encoding="utf-8")
+    scores = []
+    for flags in ([], ["--int8"]):
+        assert main(["decode", str(word), "--num-beams", "4", "-q", "--format", "tsv", *flags]) == 0
+        decoded = capsys.readouterr().out.splitlines()[0].split("\t")
+        data = tmp_path / "trace.json"
+        assert main(["trace", "quintessential", "--num-beams", "4", "--json", str(data), *flags]) == 0
+        assert capsys.readouterr().out == decoded[4] + "\n"
+        scores.append([n["log_prob"] for n in SearchTrace.from_json(data.read_text()).examples[0]["nodes"]][1:])
+    assert scores[0] != scores[1]  # the int8 model's own log-probabilities: the flag took effect
+
+    assert main(["decode", str(word), "--num-beams", "4", "-q", "--max-input-length", "5"]) == 0
+    truncated = capsys.readouterr().out
+    assert main(["trace", "quintessential", "--num-beams", "4", "--max-input-length", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert out == truncated and "1 input(s) over 5 tokens truncated (first: argument, 15 tokens)" in err
+    assert main(["trace", "quintessential", "--max-input-length", "5", "--on-long", "error"]) == 2
+    assert "argument: 15 tokens, over the input limit of 5" in capsys.readouterr().err
+
+    sampled = ["trace", "quintessential", "--num-beams", "4", "--do-sample", "--temperature", "3"]
+    runs = []
+    for seed in ("1", "1", "2", "3"):
+        assert main([*sampled, "--seed", seed]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1] and len(set(runs)) > 1  # the same seed repeats; other seeds give other samples

@@ -9,6 +9,7 @@ with the bytes the single-process ``beamsearch decode`` writes. Ray is an option
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import socket
 import sys
@@ -16,6 +17,7 @@ import time
 from typing import Any
 
 from .cli.inputs import CLIError, check_readable, scan_files
+from .cli.lengths import CutCount, cut_line
 from .cli.outputs import check_complete, fingerprint, progress
 from .distributed.blocks import BLOCK_LAYOUT, Block, BlockStore, output_fingerprint, read_blocks
 from .distributed.workers import BlockDecoder, LineDecoder
@@ -148,10 +150,14 @@ def decode_blocks(args: argparse.Namespace, store: BlockStore, pending: list[Blo
     done = sum(entry["lines"] for entry in store.finished.values())
     bar = progress(total, args.quiet, initial=done)
     warned, lines, busy, start = 0, 0, 0.0, time.perf_counter()
+    cut, names = CutCount(), {}
     try:
         for row in dataset.iter_rows():
             store.save(int(row["block"]), str(row["records"]), int(row["lines"]))
             lines, busy = lines + int(row["lines"]), busy + float(row["seconds"])
+            names = json.loads(str(row["cut"]))
+            for name in ("outputs", "at_cap", "at_source_limit"):
+                setattr(cut, name, getattr(cut, name) + names.pop(name))
             for message in filter(None, str(row["warnings"]).split("\n")):
                 warned += 1
                 if warned <= 20:
@@ -166,6 +172,9 @@ def decode_blocks(args: argparse.Namespace, store: BlockStore, pending: list[Blo
         print(f"beamsearch: {lines} lines in {len(pending)} blocks on {workers} workers in "
               f"{time.perf_counter() - start:.1f} s; {lines / max(busy, 1e-9):.1f} lines/s per worker while "
               "decoding a block", file=sys.stderr)
+        summary = cut_line(cut, names)  # the blocks this run decoded (as a resumed single process counts)
+        if summary is not None:
+            print(summary, file=sys.stderr)
 
 
 def default_workers(ray: Any, cpus: float, gpus: float) -> int:

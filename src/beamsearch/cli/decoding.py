@@ -18,7 +18,7 @@ from ..adapters.hf_steps import fast_capable
 from ..errors import SearchError
 from .flags import generation_options
 from .inputs import CLIError, Line
-from .lengths import CutCount, capped, count_cut, source_tied_limit
+from .lengths import CutCount, capped, count_cut, mark_source_limit, source_tied_limit
 from .outputs import is_unfinished
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "g2p_cmudict"
@@ -140,7 +140,7 @@ def encode(m: Model, line: Line, max_length: int | None, on_long: str) -> Encode
     if max_length is not None and len(ids) > max_length:
         if on_long == "error":
             raise CLIError(f"{line.source}: {len(ids)} tokens, over the input limit of {max_length} "
-                           "(--on-long truncate or skip to go on)")
+                           "(--on-long truncate goes on)")
         m.long_inputs.append(f"{line.source}, {len(ids)} tokens")  # counted in one warning at the end
         if on_long == "skip":
             return None
@@ -197,9 +197,10 @@ def decode_batch(m: Model, batch: list[Encoded], options: dict[str, Any]) -> lis
         return m.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
     records = result.to_dicts(decode=text)
+    mark_source_limit(source_tied_limit(m.model.generation_config, given), [len(e.ids) for e in batch], records)
     if m.unfinished_last:  # a stable sort: the search's order among finished, and among unfinished, hypotheses
         records = [sorted(hyps, key=is_unfinished) for hyps in records]
-    count_cut(m.cut, source_tied_limit(m.model.generation_config, given), [len(e.ids) for e in batch], records)
+    count_cut(m.cut, records)
     for encoded, hyps in zip(batch, records, strict=True):  # alignments over the input's own tokens, no padding
         for hyp in hyps:
             if "alignment" in hyp:

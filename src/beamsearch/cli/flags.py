@@ -112,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         names = ("input/output", SEARCH, LENGTH, PENALTIES, "model", "performance")
         return {name: p.add_argument_group(name) for name in names}
 
-    def model_args(g: dict[str, argparse._ArgumentGroup]) -> None:
+    def model_args(g: dict[str, argparse._ArgumentGroup], many: bool = True) -> None:
+        """The model and performance flags; ``many=False`` (trace: one input, one model, recorded on the host)
+        leaves out the flags that only mean something for many inputs or several models: batching, ensembles,
+        ranking an n-best, CUDA graphs (a trace cannot be captured)."""
         model, io, perf = g["model"], g["input/output"], g["performance"]
         model.add_argument("--model", help="local Hugging Face seq2seq or causal-LM directory (default: the "
                            "embedded G2P model)")
@@ -120,14 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
         model.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
                            help="lowercase inputs (default: on for the embedded model, off otherwise)")
         model.add_argument("--int8", action="store_true", help="quantize the model's linear layers to int8 (CPU)")
-        model.add_argument("--ensemble", action="append", default=[], metavar="DIR",
-                           help="decode with this model directory too, distributions averaged (repeatable)")
-        model.add_argument("--ensemble-mode", choices=("log", "prob"), default="log",
-                           help="average log-probabilities (OpenNMT-py) or probabilities (fairseq)")
-        perf.add_argument("--batch-size", type=int, default=64, help="inputs per batch (tokens with --batch-type "
-                          "tokens)")
-        perf.add_argument("--batch-type", choices=("sentences", "tokens"), default="sentences",
-                          help="what --batch-size counts: inputs (sentences) or padded input tokens (tokens)")
+        if many:
+            model.add_argument("--ensemble", action="append", default=[], metavar="DIR",
+                               help="decode with this model directory too, distributions averaged (repeatable)")
+            model.add_argument("--ensemble-mode", choices=("log", "prob"), default="log",
+                               help="average log-probabilities (OpenNMT-py) or probabilities (fairseq)")
+            perf.add_argument("--batch-size", type=int, default=64, help="inputs per batch (tokens with "
+                              "--batch-type tokens)")
+            perf.add_argument("--batch-type", choices=("sentences", "tokens"), default="sentences",
+                              help="what --batch-size counts: inputs (sentences) or padded input tokens (tokens)")
         perf.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
         step = perf.add_mutually_exclusive_group()
         step.add_argument("--fast", action="store_true", help="T5 models: the fast step or an error (packed weights, "
@@ -136,17 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
                           "too) and with --int8; docs/performance.md")
         step.add_argument("--lean-step", action="store_true", help="the lean step instead of the fast one (the "
                           "model's own kernels: logits equal to transformers' bit for bit; lean_step=True)")
-        perf.add_argument("--cuda-graphs", action="store_true", help="each decoding step captured once in a CUDA "
-                          "graph and replayed (greedy and beam search; T5, GPT-2 and Llama models; equal to float "
-                          "rounding; on a CPU the same step runs uncaptured; cuda_graphs=True, docs/usage.md)")
+        if many:
+            perf.add_argument("--cuda-graphs", action="store_true", help="each decoding step captured once in a "
+                              "CUDA graph and replayed (greedy and beam search; T5, GPT-2 and Llama models; equal to "
+                              "float rounding; on a CPU the same step runs uncaptured; cuda_graphs=True, "
+                              "docs/usage.md)")
         io.add_argument("--max-input-length", type=int, help="most input tokens, at most the model's limit "
                         "(default: the model's limit)")
-        io.add_argument("--on-long", choices=("truncate", "skip", "error"), default="truncate",
-                        help="inputs over --max-input-length: truncate or skip (one warning counts them), or error")
+        if many:
+            io.add_argument("--on-long", choices=("truncate", "skip", "error"), default="truncate",
+                            help="inputs over --max-input-length: truncate or skip (one warning counts them), or "
+                            "error")
+        else:
+            io.add_argument("--on-long", choices=("truncate", "error"), default="truncate",
+                            help="an input over --max-input-length: truncate it (with a warning), or error")
         g[SEARCH].add_argument("--seed", type=int, help="random seed for sampling")
-        g[SEARCH].add_argument("--unfinished", choices=("last", "keep"), default="last",
-                               help="hypotheses that reached the length limit without ending: ranked after the "
-                               "finished ones (last), or where the search's score puts them (keep)")
+        if many:
+            g[SEARCH].add_argument("--unfinished", choices=("last", "keep"), default="last",
+                                   help="hypotheses that reached the length limit without ending: ranked after the "
+                                   "finished ones (last), or where the search's score puts them (keep)")
         io.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
 
     def generation_args(g: dict[str, argparse._ArgumentGroup], skip: tuple[str, ...] = ()) -> None:
@@ -227,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "page)")
     g["input/output"].add_argument("--json", metavar="PATH", help="write the trace here (schema beamsearch.trace/1)")
     g["input/output"].add_argument("--max-steps", type=int, default=256, help="record at most this many steps")
-    model_args(g)
+    model_args(g, many=False)
     generation_args(g)
     return ap
 

@@ -4,7 +4,8 @@ ends with one line counting the outputs a limit cut.
 Two limits stop an output without its own end: the cap (``max_new_tokens``, or ``max_length``), where the output
 is marked ``finish_reason`` ``max_length``, and fairseq's source-tied limit (``max_len_a * source + max_len_b``
 tokens), where end-of-sequence is forced (:class:`beamsearch.processors.limits.SourceTiedMaxLength`), so the output
-ends with EOS at ``floor(a * source + b) + 1`` tokens. Where the flags or the model's generation_config set a
+ends with EOS at ``floor(a * source + b) + 1`` tokens; the command line marks it ``finish_reason``
+``source_length_limit``. Where the flags or the model's generation_config set a
 source-tied limit and no ``--max-new-tokens`` is given, each batch's cap is raised to its longest source's
 source-tied length, so that the cap never cuts first (the embedded model's 32 would cut a 45-letter word that
 its ``1.0 * source + 3`` lets run to 49).
@@ -51,17 +52,28 @@ def capped(generation_config: Any, options: dict[str, Any], source_length: int) 
     return dict(options, max_new_tokens=max(own, source_tied_tokens(limit, source_length)))
 
 
-def count_cut(count: CutCount, limit: tuple[float, int] | None, source_lengths: list[int],
-              records: list[list[dict[str, Any]]]) -> None:
-    """Count each input's best hypothesis (``records``: per input, its ranked hypotheses) a limit stopped."""
+SOURCE_LIMIT = "source_length_limit"  # the finish reason the files give an output ended at the source-tied limit
+
+
+def mark_source_limit(limit: tuple[float, int] | None, source_lengths: list[int],
+                      records: list[list[dict[str, Any]]]) -> None:
+    """Mark each hypothesis that ended at the source-tied limit (``records``: per input, its hypotheses): the
+    search forced its end-of-sequence token, so it reads ``finish_reason`` ``source_length_limit``, not ``eos``."""
+    if limit is None:
+        return
     for source_length, hyps in zip(source_lengths, records, strict=True):
+        for hyp in hyps:
+            if hyp["finish_reason"] == "eos" and len(hyp["tokens"]) == source_tied_tokens(limit, source_length):
+                hyp["finish_reason"] = SOURCE_LIMIT
+
+
+def count_cut(count: CutCount, records: list[list[dict[str, Any]]]) -> None:
+    """Count each input's best hypothesis (``records``: per input, its ranked hypotheses) a limit stopped."""
+    for hyps in records:
         count.outputs += 1
-        best = hyps[0]
-        if best["finish_reason"] == "max_length":
-            count.at_cap += 1
-        elif (limit is not None and best["finish_reason"] == "eos"
-              and len(best["tokens"]) == source_tied_tokens(limit, source_length)):
-            count.at_source_limit += 1
+        reason = hyps[0]["finish_reason"] if hyps else None
+        count.at_cap += reason == "max_length"
+        count.at_source_limit += reason == SOURCE_LIMIT
 
 
 def cap_name(generation_config: Any, options: dict[str, Any]) -> str:
@@ -73,16 +85,33 @@ def cap_name(generation_config: Any, options: dict[str, Any]) -> str:
     return "the model's max_length (or the --semantics preset's max_new_tokens)"
 
 
-def report_cut(count: CutCount, generation_config: Any, options: dict[str, Any]) -> None:
-    """One line on stderr: how many outputs a length limit cut, at which limit, and the flag that raises it."""
+def limit_names(generation_config: Any, options: dict[str, Any]) -> dict[str, str]:
+    """How the summary line names the limits in force: ``cap``, and ``source`` where a source-tied limit is set."""
+    names = {"cap": cap_name(generation_config, options)}
+    limit = source_tied_limit(generation_config, options)
+    if limit is not None:
+        names["source"] = f"{limit[0]:g}*source+{limit[1]}"
+    return names
+
+
+def cut_line(count: CutCount, names: dict[str, str]) -> str | None:
+    """The summary line: how many outputs a length limit cut, at which limit, and the flag that raises it (None
+    when none was cut). ``names``: :func:`limit_names`."""
     parts = []
     if count.at_cap:
-        parts.append(f"{count.at_cap} at {cap_name(generation_config, options)}, marked finish_reason max_length "
-                     "(--max-new-tokens raises it)")
+        parts.append(f"{count.at_cap} at {names['cap']}, marked finish_reason max_length (--max-new-tokens raises it)")
     if count.at_source_limit:
-        a, b = source_tied_limit(generation_config, options)
-        parts.append(f"{count.at_source_limit} at the source-tied limit max_len_a*source+max_len_b = {a:g}*source+{b} "
-                     "tokens, where EOS is forced (--max-len-a and --max-len-b raise it)")
-    if parts:
-        print(f"beamsearch: {count.at_cap + count.at_source_limit} of {count.outputs} outputs were cut at a length "
-              f"limit: {'; '.join(parts)}", file=sys.stderr)
+        parts.append(f"{count.at_source_limit} at the source-tied limit max_len_a*source+max_len_b = "
+                     f"{names['source']} tokens, marked finish_reason source_length_limit (--max-len-a and "
+                     "--max-len-b raise it)")
+    if not parts:
+        return None
+    return (f"beamsearch: {count.at_cap + count.at_source_limit} of {count.outputs} outputs were cut at a length "
+            f"limit: {'; '.join(parts)}")
+
+
+def report_cut(count: CutCount, generation_config: Any, options: dict[str, Any]) -> None:
+    """Print :func:`cut_line` on stderr, if any output was cut."""
+    line = cut_line(count, limit_names(generation_config, options))
+    if line is not None:
+        print(line, file=sys.stderr)

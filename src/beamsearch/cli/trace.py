@@ -20,21 +20,25 @@ def run_trace(args: argparse.Namespace) -> int:
     from ..adapters.hf import search_model
     from ..trace import TraceLimits
     from ..trace_html import write_html
-    from .decoding import encode, load_model
+    from .decoding import encode, input_limit, load_model, report_long_inputs
 
-    m = load_model(args.model, args.device, args.lowercase)
+    m = load_model(args.model, args.device, args.lowercase, int8=args.int8)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
     options = generation_options(args)
     options.setdefault("num_beams", DEFAULT_TRACE_BEAMS)
     if options["num_beams"] < 2:
         raise CLIError("trace draws a beam search: --num-beams must be at least 2")
-    encoded = encode(m, Line(1, "argument", args.text), None, "error")
+    limit = input_limit(args, m)
+    encoded = encode(m, Line(1, "argument", args.text), limit, args.on_long)
     if encoded is None:
         raise CLIError("trace: the input is empty")
+    report_long_inputs(m, limit, args.on_long)
     options = capped(m.model.generation_config, options, len(encoded.ids))
     input_ids = torch.tensor([encoded.ids], device=m.model.device)
     try:
         result = search_model(m.model, input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                              trace=TraceLimits(max_steps=args.max_steps), **options)
+                              trace=TraceLimits(max_steps=args.max_steps), **{**m.step, **options})
     except ValueError as e:
         raise CLIError(str(e)) from None
     trace = result.search_trace.label(token_text(m.tokenizer))

@@ -11,6 +11,8 @@ imports Ray.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -70,17 +72,24 @@ class BlockDecoder(Decoder):
 
     In: ``block`` (its number), ``first`` (the index of its first line), ``texts`` and ``sources`` (its lines and
     their ``file:line``). Out: ``block``, ``lines`` (how many), ``records`` (the block's output text),
-    ``warnings`` (one string, a line per warning) and ``seconds`` (the worker's time on the block).
+    ``warnings`` (one string, a line per warning), ``seconds`` (the worker's time on the block) and ``cut`` (JSON:
+    the block's :class:`~beamsearch.cli.lengths.CutCount` and the limits' names, for the run's summary line).
     """
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out: dict[str, list[Any]] = {"block": [], "lines": [], "records": [], "warnings": [], "seconds": []}
+        from ..cli.lengths import CutCount, limit_names
+
+        out: dict[str, list[Any]] = {"block": [], "lines": [], "records": [], "warnings": [], "seconds": [],
+                                     "cut": []}
         for block, first, texts, sources in zip(batch["block"], batch["first"], batch["texts"], batch["sources"],
                                                 strict=True):
             start = time.perf_counter()
             lines = [Line(int(first) + i, str(source), str(text))
                      for i, (text, source) in enumerate(zip(texts, sources, strict=True))]
+            self.m.cut = CutCount()  # this block's outputs only
             hyps, warnings = self.decode(lines, int(block))
+            names = limit_names(self.m.model.generation_config, self.options)
+            out["cut"].append(json.dumps({**dataclasses.asdict(self.m.cut), **names}))
             out["block"].append(int(block))
             out["lines"].append(len(lines))
             pairs = zip(lines, hyps, strict=True)
@@ -89,7 +98,7 @@ class BlockDecoder(Decoder):
             out["seconds"].append(time.perf_counter() - start)
         return {"block": np.array(out["block"], dtype=np.int64), "lines": np.array(out["lines"], dtype=np.int64),
                 "records": np.array(out["records"], dtype=object), "warnings": np.array(out["warnings"], dtype=object),
-                "seconds": np.array(out["seconds"], dtype=np.float64)}
+                "seconds": np.array(out["seconds"], dtype=np.float64), "cut": np.array(out["cut"], dtype=object)}
 
 
 class LineDecoder(Decoder):
