@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .inputs import CLIError
@@ -75,6 +76,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        """As argparse's, but a flag the command does not take is reported by that command's parser, so that the
+        error points to its own --help (``beamsearch trace --help``), where the flags it takes are listed."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = self._subparsers._group_actions[0].choices if self._subparsers else {}
+            (commands.get(getattr(parsed, "command", None)) or self).error(
+                f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
 
 def early_stopping(value: str) -> bool | str:
