@@ -15,7 +15,7 @@ VOCAB = 40
 
 
 def _configs():
-    from transformers import BartConfig, GPT2Config, LlamaConfig, MarianConfig, T5Config
+    from transformers import BartConfig, GPT2Config, LlamaConfig, MarianConfig, MistralConfig, Qwen2Config, T5Config
 
     untied = {"vocab_size": VOCAB, "tie_word_embeddings": False}
     bart_like = dict(untied, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
@@ -30,10 +30,17 @@ def _configs():
         "llama": LlamaConfig(**untied, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                              num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0, eos_token_id=1,
                              pad_token_id=2),
+        # Llama's layers, with biases in the query, key and value products (drawn in tiny_model)
+        "qwen2": Qwen2Config(**untied, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0,
+                             eos_token_id=1, pad_token_id=2),
+        "mistral": MistralConfig(**untied, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                 sliding_window=None, bos_token_id=0, eos_token_id=1, pad_token_id=2),
     }
 
 
-MODEL_NAMES = ("t5", "bart", "marian", "gpt2", "llama")
+MODEL_NAMES = ("t5", "bart", "marian", "gpt2", "llama", "qwen2", "mistral")
 
 
 @functools.cache
@@ -52,6 +59,10 @@ def tiny_model(name: str, seed: int = 0):
         head = model.get_output_embeddings().weight
         head.normal_(0.0, 0.8)  # untied: peaked, input-dependent distributions without self-repetition
         head[config.eos_token_id] *= 1.3
+        if config.model_type == "qwen2":  # its attention biases start at zero: drawn, so that they matter
+            for layer in model.model.layers:
+                for product in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    product.bias.normal_(0.0, 0.4)
     return model
 
 

@@ -1,5 +1,5 @@
-"""A lean decoder step for Llama: the model's own modules, its attention computed as it computes it, and a
-preallocated time-major cache.
+"""A lean decoder step for Llama, and for the models whose layers are Llama's (Qwen2, Mistral): the model's own
+modules, its attention computed as it computes it, and a preallocated time-major cache.
 
 The generic Hugging Face step calls ``model(...)`` once per step; on CPU much of the time outside the matrix
 products goes to the ``DynamicCache`` (``torch.cat`` copies the whole cache of every layer at every step), to the
@@ -26,10 +26,13 @@ the cache it leaves into buffers of its own, and from then on calls the decoder 
     model's dtype (always given, zeros where nothing is blocked), softmax in float32 cast back, matmul.
 
 It is used by :func:`beamsearch.generate` for eligible models (``lean_step=None``, the default); ``False``
-forces the generic step. Eligible: ``LlamaForCausalLM`` in eval mode with ``eager`` or ``sdpa`` attention,
-rotary embeddings of a tested type (``default``, ``linear``, ``llama3``, ``yarn``: frequencies fixed at load
-time), ``pretraining_tp`` 1, decoding with the cache from token ids with a 2-d attention mask, without attention
-outputs or other extra inputs.
+forces the generic step. Eligible: ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` in eval
+mode with ``eager`` or ``sdpa`` attention, rotary embeddings of a tested type (``default``, ``linear``, ``llama3``,
+``yarn``: frequencies fixed at load time), ``pretraining_tp`` 1, no sliding window (Qwen2's
+``use_sliding_window`` off, as its checkpoints ship it; Mistral's ``sliding_window`` null, as from v0.2 on),
+decoding with the cache from token ids with a 2-d attention mask, without attention outputs or other extra inputs.
+Qwen2's and Mistral's decoder layers are Llama's (Qwen2's query, key and value products have a bias, which their
+modules add); the step calls each model's own modules and its module's ``apply_rotary_pos_emb``.
 
 Legend: B batch, K rows per example, N = B*K (rows now), H query heads, G key/value heads, d head size,
 D hidden size, P prompt length, T cache length, t positions filled.
@@ -49,15 +52,20 @@ from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
+# the causal language models whose decoder layers are Llama's, by model_type
+MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
 def lean_llama_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
     """Why the lean step cannot run this model and call (None: it can)."""
-    config = model.config
-    if getattr(config, "model_type", None) != "llama":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not Llama"
-    from transformers import LlamaForCausalLM  # only Hugging Face models reach this
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in MODELS:
+        return f"model_type {model_type!r} is not Llama, Qwen2 or Mistral"
+    import transformers  # only Hugging Face models reach this
 
-    if type(model) is not LlamaForCausalLM:
-        return f"{type(model).__name__} is not LlamaForCausalLM"
+    expected = getattr(transformers, MODELS[model_type])
+    if type(model) is not expected:
+        return f"{type(model).__name__} is not {expected.__name__}"
     return _config_reason(model) or call_reason(model, model_kwargs, needs_attention)
 
 
@@ -72,7 +80,7 @@ def _config_reason(model: Any) -> str | None:
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return f"config.pretraining_tp={config.pretraining_tp} (the lean step takes 1)"
     if getattr(config, "sliding_window", None) is not None:
-        return "config.sliding_window is set"
+        return "config.sliding_window is set (the lean step attends to the whole cache)"
     rope_type = getattr(model.model.rotary_emb, "rope_type", None)
     if rope_type not in _ROPE_TYPES:
         return f"rotary embedding type {rope_type!r} (the lean step is tested with {', '.join(_ROPE_TYPES)})"

@@ -15,6 +15,7 @@ import torch
 from . import hf_compat
 from .fast_t5 import FastT5State, fast_t5_reason, is_int8
 from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
+from .hf_llama import MODELS as LLAMA_LIKE
 from .hf_llama import LeanLlamaState, lean_llama_reason, lean_llama_step
 from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
 
@@ -112,7 +113,7 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
     """The step function and state.
 
     ``lean_step=None`` (the default): the fast T5 step where it can run (a float32 T5 model and call: packed weights,
-    fused products, its own attention; equal to float rounding, ``fast_t5.py``), else a lean step (T5, GPT-2, Llama;
+    fused products, its own attention; equal to float rounding, ``fast_t5.py``), else a lean step (T5, GPT-2, Llama-like;
     the model's own kernels) where one applies, else the generic one that calls ``model(...)``. ``True``: a lean step
     or an error; ``"fast"``: the fast T5 step (int8 models too) or an error; ``False``: the generic step.
     ``share_encoder_state`` (lean T5 step only): an example's beams attend to its cross-attention keys and values in
@@ -155,7 +156,7 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
     if share_encoder_state:
         raise ValueError(f"share_encoder_state=True needs the lean T5 step, which cannot run this call: {reason}")
     if compile_step:
-        raise ValueError(f"compile_step={compile_step!r} needs a lean step (T5, GPT-2, Llama), which cannot run this "
+        raise ValueError(f"compile_step={compile_step!r} needs a lean step (T5, GPT-2, Llama, Qwen2, Mistral), which cannot run this "
                          f"call: {reason}")
     if lean_step:
         raise ValueError(f"lean_step=True cannot run this call: {reason}")
@@ -222,7 +223,7 @@ def _lean_step(model, model_kwargs, config, options, needs_attention, share_enco
         if reason is None:
             state = LeanGPT2State(model, model_kwargs, config, options.max_length, fixed_shape=fixed_shape)
             return lean_gpt2_step, state, None
-    elif model_type == "llama" and not share_encoder_state:
+    elif model_type in LLAMA_LIKE and not share_encoder_state:
         reason = lean_llama_reason(model, model_kwargs, needs_attention)
         if reason is None:
             state = LeanLlamaState(model, model_kwargs, config, options.max_length, fixed_shape=fixed_shape)
