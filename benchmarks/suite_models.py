@@ -247,6 +247,33 @@ def _llama(work: Path, count: int) -> Workload:
                          "key/value heads, vocab)", work, count)
 
 
+def _llama_like(name: str, work: Path, count: int) -> Workload:
+    """Qwen2 or Mistral on the small Llama shape: the models whose decoder layers are Llama's (Qwen2's attention
+    biases drawn with std 0.02, as its other weights; Mistral without a sliding window), for the lean step's
+    measurements on each."""
+    import transformers
+
+    shape = LLAMA_SMALL
+    config_class, model_class, title = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2"),
+                                        "mistral": ("MistralConfig", "MistralForCausalLM", "Mistral")}[name]
+    extra = {"sliding_window": None} if name == "mistral" else {}
+    config = getattr(transformers, config_class)(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+        max_position_embeddings=1024, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, **extra)
+    workload = _decoder_only(name, getattr(transformers, model_class), config, shape["vocab"],
+                             f"random {title}, the Llama shape {tuple(shape.values())} (hidden, intermediate, "
+                             "layers, heads, key/value heads, vocab)", work, count)
+    if name == "qwen2":
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for layer in workload.model.model.layers:
+                for product in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    product.bias.normal_(0.0, 0.02)
+        workload.model.save_pretrained(workload.hf_dir)  # the CTranslate2 conversion reads the saved model
+    return workload
+
+
 def _llama_1b(work: Path, count: int, device: str) -> Workload:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -263,7 +290,7 @@ def _llama_1b(work: Path, count: int, device: str) -> Workload:
                          "heads, key/value heads, vocab), bfloat16", work, count, device, torch.bfloat16)
 
 
-MODELS = ("t5-small", "t5-small-eos", "g2p", "gpt2", "llama", "llama-1b")
+MODELS = ("t5-small", "t5-small-eos", "g2p", "gpt2", "llama", "qwen2", "mistral", "llama-1b")
 
 
 def build(name: str, work: Path, count: int, device: str = "cpu") -> Workload:
@@ -279,6 +306,8 @@ def build(name: str, work: Path, count: int, device: str = "cpu") -> Workload:
         return _gpt2(work, count)
     if name == "llama":
         return _llama(work, count)
+    if name in ("qwen2", "mistral"):
+        return _llama_like(name, work, count)
     if name == "llama-1b":
         return _llama_1b(work, count, device)
     raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
