@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TESTS=(tests/test_hf_compat.py tests/test_hf_adapter.py tests/test_hf_parity.py tests/test_exact_parity.py
-       tests/test_allowed_tokens.py)
+       tests/test_allowed_tokens.py tests/test_lean_llama.py)
 status=0
 summary=()
 for version in "$@"; do

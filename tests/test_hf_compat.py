@@ -35,6 +35,7 @@ def _in(release: tuple[int, ...], spec: str) -> bool:
 def _taken(branch: str) -> bool:
     """Whether the installed release takes ``branch``, read from the release itself (not from the table)."""
     from transformers import GenerationMixin
+    from transformers.integrations import sdpa_attention
     from transformers.models.t5.modeling_t5 import T5Attention
 
     model_has = {
@@ -58,6 +59,12 @@ def _taken(branch: str) -> bool:
         "GPT-2 attention scale: attention.scaling": hasattr(tiny_model("gpt2").transformer.h[0].attn, "scaling"),
         "GPT-2 attention scale: from config.scale_attn_weights": not hasattr(tiny_model("gpt2").transformer.h[0].attn,
                                                                             "scaling"),
+        "sdpa grouped-query attention: use_gqa_in_sdpa(mask, key, value), else the query packed (pack_gqa)":
+            hasattr(sdpa_attention, "pack_gqa") and len(_parameters(sdpa_attention.use_gqa_in_sdpa)) == 3,
+        "sdpa grouped-query attention: use_gqa_in_sdpa(mask, key, value), else keys and values repeated":
+            not hasattr(sdpa_attention, "pack_gqa") and len(_parameters(sdpa_attention.use_gqa_in_sdpa)) == 3,
+        "sdpa grouped-query attention: use_gqa_in_sdpa(mask, key), else keys and values repeated":
+            not hasattr(sdpa_attention, "pack_gqa") and len(_parameters(sdpa_attention.use_gqa_in_sdpa)) == 2,
     }
     return model_has[branch]
 

@@ -24,7 +24,7 @@ from tiny_hf import (
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
-from beamsearch.adapters import hf_steps
+from beamsearch.adapters import hf_compat, hf_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,10 +53,15 @@ def llama(implementation: str = "sdpa", seed: int = 0, heads: int = 4, kv_heads:
     config_class, model_class = (getattr(transformers, name) for name in ARCHS[arch])
     if arch == "mistral":
         overrides = {"sliding_window": None, **overrides}
+    if hf_compat.version() >= (5, 0):
+        overrides["rope_parameters"] = ROPES[rope]
+    elif ROPES[rope] is not None:  # 4.57: the scaling and the base frequency are two arguments
+        scaling = dict(ROPES[rope])
+        overrides.update(rope_theta=scaling.pop("rope_theta"), rope_scaling=scaling)
     config = config_class(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                           num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=8,
                           max_position_embeddings=128, bos_token_id=0, eos_token_id=EOS, pad_token_id=PAD,
-                          tie_word_embeddings=False, initializer_range=0.4, rope_parameters=ROPES[rope], **overrides)
+                          tie_word_embeddings=False, initializer_range=0.4, **overrides)
     config._attn_implementation = implementation
     torch.manual_seed(seed)
     model = model_class(config).eval()

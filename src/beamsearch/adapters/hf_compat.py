@@ -40,6 +40,9 @@ BRANCHES = {
     "T5 position bias of one query: compute_bias(cache_position=)": "4.57 - 5.3",
     "GPT-2 attention scale: attention.scaling": ">= 5.4",
     "GPT-2 attention scale: from config.scale_attn_weights": "4.57 - 5.3",
+    "sdpa grouped-query attention: use_gqa_in_sdpa(mask, key, value), else the query packed (pack_gqa)": ">= 5.23",
+    "sdpa grouped-query attention: use_gqa_in_sdpa(mask, key, value), else keys and values repeated": "5.13 - 5.22",
+    "sdpa grouped-query attention: use_gqa_in_sdpa(mask, key), else keys and values repeated": "4.57 - 5.12",
 }
 
 
@@ -248,6 +251,20 @@ def gpt2_attention_scaling(attention: Any) -> float:
     if hasattr(attention, "scaling"):
         return attention.scaling
     return attention.head_dim**-0.5 if attention.scale_attn_weights else 1.0
+
+
+def sdpa_grouped_query(mask: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor) -> str:
+    """How transformers' ``sdpa_attention_forward`` attends with grouped queries (fewer key/value heads than query
+    heads) for these keys and values ``[N, G, t, d]`` and this mask: ``"enable_gqa"`` (the kernel maps query heads
+    to key/value heads), ``"pack"`` (5.23 and later: ``pack_gqa`` makes a one-token query's heads of a group query
+    positions of its key/value head) or ``"repeat"`` (before 5.23: ``repeat_kv`` copies keys and values to every
+    query head). The choice is the release's own ``use_gqa_in_sdpa``, which takes the values too from 5.13."""
+    from transformers.integrations import sdpa_attention
+
+    ask = sdpa_attention.use_gqa_in_sdpa
+    if ask(mask, keys, values) if len(_parameters(ask)) == 3 else ask(mask, keys):
+        return "enable_gqa"
+    return "pack" if hasattr(sdpa_attention, "pack_gqa") else "repeat"
 
 
 # ---------------------------------------------------------------------------------------------- search semantics

@@ -20,8 +20,10 @@ the cache it leaves into buffers of its own, and from then on calls the decoder 
 
   - ``sdpa``: transformers passes no mask when no row holds padding, else a boolean one ``[N, 1, 1, t]``; with
     grouped-query attention (H > G) it asks ``use_gqa_in_sdpa`` (on CPU and CUDA: only without a mask) and then
-    passes ``enable_gqa=True``, or else packs the one-token query ``[N, H, 1, d]`` into ``[N, G, H/G, d]`` so
-    that each key/value head serves its group's queries without ``repeat_kv``; ``is_causal`` is False;
+    passes ``enable_gqa=True``, or else (5.23 and later) packs the one-token query ``[N, H, 1, d]`` into
+    ``[N, G, H/G, d]`` so that each key/value head serves its group's queries, or (before) repeats keys and
+    values to H heads (``repeat_kv``); ``hf_compat.sdpa_grouped_query`` names the installed release's path;
+    ``is_causal`` is False;
   - ``eager``: keys and values repeated to H heads (``repeat_kv``), matmul, scale, an additive mask in the
     model's dtype (always given, zeros where nothing is blocked), softmax in float32 cast back, matmul.
 
@@ -45,6 +47,7 @@ from typing import Any
 
 import torch
 
+from . import hf_compat
 from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
 # rotary embeddings whose frequencies are fixed when the model is built (tested against the model); "dynamic" and
@@ -86,11 +89,6 @@ def _config_reason(model: Any) -> str | None:
         return f"rotary embedding type {rope_type!r} (the lean step is tested with {', '.join(_ROPE_TYPES)})"
     if getattr(model, "_use_kernels", False):
         return "hub kernels replace the model's modules"
-    if implementation == "sdpa" and config.num_attention_heads != config.num_key_value_heads:
-        from transformers.integrations import sdpa_attention
-
-        if not all(hasattr(sdpa_attention, name) for name in ("use_gqa_in_sdpa", "pack_gqa")):
-            return "this transformers version's sdpa grouped-query path is not the one the lean step reproduces"
     return None
 
 
@@ -112,11 +110,6 @@ class LeanLlamaState(LeanDecoderState):
         super().__init__(model, model_kwargs, generation_config, max_length, cache_heads=self.kv_heads,
                          head_size=attention.head_dim, dtype=model.model.embed_tokens.weight.dtype,
                          fixed_shape=fixed_shape)
-        self.use_gqa_in_sdpa = None  # transformers' choice between enable_gqa and packing the query
-        if self.sdpa and self.groups > 1:
-            from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
-
-            self.use_gqa_in_sdpa = use_gqa_in_sdpa
 
     def decode(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
         """The decoder at ``position`` for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32)."""
@@ -154,10 +147,13 @@ class LeanLlamaState(LeanDecoderState):
         rows, size = query.shape[0], self.head_size
         options = {}
         if self.groups > 1:
-            if self.use_gqa_in_sdpa(mask, keys, values):
+            path = hf_compat.sdpa_grouped_query(mask, keys, values)  # the installed release's choice
+            if path == "enable_gqa":
                 options["enable_gqa"] = True
-            else:  # pack_gqa: the group's H/G queries become query positions of its key/value head
+            elif path == "pack":  # pack_gqa: the group's H/G queries become query positions of its key/value head
                 query = query.reshape(rows, self.kv_heads, self.groups, size)  # [N, G, H/G, d]
+            else:  # repeat_kv: [N, G, t, d] -> [N, H, t, d]
+                keys, values = self._repeat_kv(keys), self._repeat_kv(values)
         mixed = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, dropout_p=0.0,
                                                                  scale=self.scaling, is_causal=False, **options)
         return mixed.reshape(rows, self.heads, 1, size).transpose(1, 2)  # [N, 1, H, d]

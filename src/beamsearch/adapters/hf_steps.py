@@ -113,9 +113,10 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
     """The step function and state.
 
     ``lean_step=None`` (the default): the fast T5 step where it can run (a float32 T5 model and call: packed weights,
-    fused products, its own attention; equal to float rounding, ``fast_t5.py``), else a lean step (T5, GPT-2, Llama-like;
-    the model's own kernels) where one applies, else the generic one that calls ``model(...)``. ``True``: a lean step
-    or an error; ``"fast"``: the fast T5 step (int8 models too) or an error; ``False``: the generic step.
+    fused products, its own attention; equal to float rounding, ``fast_t5.py``), else a lean step (T5, GPT-2, Llama,
+    Qwen2, Mistral; the model's own kernels) where one applies, else the generic one that calls ``model(...)``.
+    ``True``: a lean step or an error; ``"fast"``: the fast T5 step (int8 models too) or an error; ``False``: the
+    generic step.
     ``share_encoder_state`` (lean T5 step only): an example's beams attend to its cross-attention keys and values in
     one kernel call (not bitwise). ``compile_step``: the step's decoder runs under ``torch.compile`` (``True``:
     dynamic shapes, the lean step unless ``lean_step="fast"``; ``"static"``: the lean fixed-shape step, the same
@@ -156,8 +157,8 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
     if share_encoder_state:
         raise ValueError(f"share_encoder_state=True needs the lean T5 step, which cannot run this call: {reason}")
     if compile_step:
-        raise ValueError(f"compile_step={compile_step!r} needs a lean step (T5, GPT-2, Llama, Qwen2, Mistral), which cannot run this "
-                         f"call: {reason}")
+        raise ValueError(f"compile_step={compile_step!r} needs a lean step (T5, GPT-2, Llama, Qwen2, Mistral), which "
+                         f"cannot run this call: {reason}")
     if lean_step:
         raise ValueError(f"lean_step=True cannot run this call: {reason}")
     state = HFState(model, model_kwargs, config, exact=exact_parity)
