@@ -17,6 +17,7 @@ from tiny_hf import (
     assert_generate_equivalent,
     assert_lean_generate_equivalent,
     compare_lean_steps,
+    draw_attention_biases,
     generate_both,
     left_padded_inputs,
     tiny_model,
@@ -68,10 +69,8 @@ def llama(implementation: str = "sdpa", seed: int = 0, heads: int = 4, kv_heads:
     with torch.no_grad():
         model.lm_head.weight.normal_(0.0, 0.8)
         model.lm_head.weight[EOS] *= eos
-        if arch == "qwen2":
-            for layer in model.model.layers:
-                for product in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    product.bias.normal_(0.0, 0.4)
+    if arch == "qwen2":
+        draw_attention_biases(model, 0.4)
     return model
 
 

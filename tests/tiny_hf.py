@@ -59,11 +59,18 @@ def tiny_model(name: str, seed: int = 0):
         head = model.get_output_embeddings().weight
         head.normal_(0.0, 0.8)  # untied: peaked, input-dependent distributions without self-repetition
         head[config.eos_token_id] *= 1.3
-        if config.model_type == "qwen2":  # its attention biases start at zero: drawn, so that they matter
-            for layer in model.model.layers:
-                for product in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    product.bias.normal_(0.0, 0.4)
+        if config.model_type == "qwen2":
+            draw_attention_biases(model, 0.4)
     return model
+
+
+def draw_attention_biases(model, std: float) -> None:
+    """Draw a Qwen2 model's query, key and value biases (zeros when initialised) with ``std``, so that they
+    matter."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for product in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                product.bias.normal_(0.0, std)
 
 
 def random_inputs(model, batch_size: int, generator: torch.Generator):

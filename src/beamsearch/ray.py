@@ -155,9 +155,9 @@ def decode_blocks(args: argparse.Namespace, store: BlockStore, pending: list[Blo
         for row in dataset.iter_rows():
             store.save(int(row["block"]), str(row["records"]), int(row["lines"]))
             lines, busy = lines + int(row["lines"]), busy + float(row["seconds"])
-            names = json.loads(str(row["cut"]))
-            for name in ("outputs", "at_cap", "at_source_limit"):
-                setattr(cut, name, getattr(cut, name) + names.pop(name))
+            block_cut = json.loads(str(row["cut"]))
+            cut.add(CutCount(**block_cut["count"]))
+            names = block_cut["names"]  # the same for every block
             for message in filter(None, str(row["warnings"]).split("\n")):
                 warned += 1
                 if warned <= 20:

@@ -259,12 +259,18 @@ def sdpa_grouped_query(mask: torch.Tensor | None, keys: torch.Tensor, values: to
     to key/value heads), ``"pack"`` (5.23 and later: ``pack_gqa`` makes a one-token query's heads of a group query
     positions of its key/value head) or ``"repeat"`` (before 5.23: ``repeat_kv`` copies keys and values to every
     query head). The choice is the release's own ``use_gqa_in_sdpa``, which takes the values too from 5.13."""
+    ask, takes_values, otherwise = _sdpa_grouped_query_rule()
+    return "enable_gqa" if (ask(mask, keys, values) if takes_values else ask(mask, keys)) else otherwise
+
+
+@functools.cache
+def _sdpa_grouped_query_rule() -> tuple[Any, bool, str]:
+    """The installed release's ``use_gqa_in_sdpa``, whether it takes the values, and its path when it declines:
+    read once, not at every layer of every step."""
     from transformers.integrations import sdpa_attention
 
     ask = sdpa_attention.use_gqa_in_sdpa
-    if ask(mask, keys, values) if len(_parameters(ask)) == 3 else ask(mask, keys):
-        return "enable_gqa"
-    return "pack" if hasattr(sdpa_attention, "pack_gqa") else "repeat"
+    return ask, len(_parameters(ask)) == 3, "pack" if hasattr(sdpa_attention, "pack_gqa") else "repeat"
 
 
 # ---------------------------------------------------------------------------------------------- search semantics

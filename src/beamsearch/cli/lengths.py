@@ -27,6 +27,12 @@ class CutCount:
     at_cap: int = 0  # finish_reason max_length
     at_source_limit: int = 0  # EOS forced at the source-tied limit
 
+    def add(self, other: CutCount) -> None:
+        """Count ``other``'s outputs too (``decode --ray``: the blocks' counts summed)."""
+        self.outputs += other.outputs
+        self.at_cap += other.at_cap
+        self.at_source_limit += other.at_source_limit
+
 
 def source_tied_limit(generation_config: Any, options: dict[str, Any]) -> tuple[float, int] | None:
     """``(max_len_a, max_len_b)`` from the flags, else the model's generation_config; None when neither sets one."""

@@ -73,7 +73,8 @@ class BlockDecoder(Decoder):
     In: ``block`` (its number), ``first`` (the index of its first line), ``texts`` and ``sources`` (its lines and
     their ``file:line``). Out: ``block``, ``lines`` (how many), ``records`` (the block's output text),
     ``warnings`` (one string, a line per warning), ``seconds`` (the worker's time on the block) and ``cut`` (JSON:
-    the block's :class:`~beamsearch.cli.lengths.CutCount` and the limits' names, for the run's summary line).
+    ``count``, the block's :class:`~beamsearch.cli.lengths.CutCount`, and ``names``, the limits' names, for the
+    run's summary line).
     """
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -89,7 +90,7 @@ class BlockDecoder(Decoder):
             self.m.cut = CutCount()  # this block's outputs only
             hyps, warnings = self.decode(lines, int(block))
             names = limit_names(self.m.model.generation_config, self.options)
-            out["cut"].append(json.dumps({**dataclasses.asdict(self.m.cut), **names}))
+            out["cut"].append(json.dumps({"count": dataclasses.asdict(self.m.cut), "names": names}))
             out["block"].append(int(block))
             out["lines"].append(len(lines))
             pairs = zip(lines, hyps, strict=True)
