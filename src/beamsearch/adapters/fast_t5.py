@@ -41,9 +41,49 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..steps.gate import ACTIVATION, INT8_LINEAR, Plan
 from .fast_t5_weights import fast_weights, forget_weights, is_int8, run_feed_forward  # noqa: F401 (re-exported)
-from .hf_t5 import LeanT5State
+from .hf_t5 import LEAN_T5, LeanT5State
 from .lean_cache import StackedTimeMajorCache
+
+
+def _stack_plan(stack: str, feed_forward: int) -> dict[str, tuple]:
+    """The fast step's modules of one T5 stack (``encoder``: the feed-forward sub-layer is ``layer.1``; ``decoder``:
+    ``layer.2``, after the cross-attention): every one computed from its packed weights."""
+    linear, norm, dropout = (torch.nn.Linear, *INT8_LINEAR), ("{}LayerNorm",), (torch.nn.Dropout,)
+    block = f"{stack}.block.*.layer"
+    dense = f"{block}.{feed_forward}.DenseReluDense"
+    plan = {
+        stack: ("{}Stack",), f"{stack}.embed_tokens": (torch.nn.Embedding,), f"{stack}.block": (torch.nn.ModuleList,),
+        f"{stack}.block.*": ("{}Block",), block: (torch.nn.ModuleList,), f"{stack}.final_layer_norm": norm,
+        f"{stack}.dropout": dropout,
+        f"{block}.0": ("{}LayerSelfAttention",), f"{block}.0.SelfAttention": ("{}Attention",),
+        f"{block}.0.SelfAttention.relative_attention_bias": (torch.nn.Embedding,),
+        f"{block}.{feed_forward}": ("{}LayerFF",), dense: ("{}DenseActDense", "{}DenseGatedActDense"),
+        f"{dense}.act": (ACTIVATION,), f"{dense}.dropout": dropout,
+        **{f"{dense}.{name}": linear for name in ("wi", "wi_0", "wi_1", "wo")},
+        **{f"{block}.0.SelfAttention.{name}": linear for name in "qkvo"},
+        **{f"{block}.{i}.{name}": kind for i in (0, feed_forward) for name, kind in (("layer_norm", norm),
+                                                                                      ("dropout", dropout))},
+    }
+    if stack == "decoder":
+        plan.update({f"{block}.1": ("{}LayerCrossAttention",), f"{block}.1.EncDecAttention": ("{}Attention",),
+                     f"{block}.1.layer_norm": norm, f"{block}.1.dropout": dropout,
+                     **{f"{block}.1.EncDecAttention.{name}": linear for name in "qkvo"}})
+    return plan
+
+
+# The fast step computes every module of the model itself, from weights packed once (the encoder too: the fast
+# encoder); it calls none as a module on the model's own inputs.
+FAST_T5 = Plan(
+    step="the fast T5 step",
+    roots=LEAN_T5.roots,
+    suffix=LEAN_T5.suffix,
+    computed={"shared": (torch.nn.Embedding,), "lm_head": (torch.nn.Linear, *INT8_LINEAR),
+              **_stack_plan("encoder", 1), **_stack_plan("decoder", 2)},
+    called=frozenset(),
+    repeated=frozenset({"encoder.block", "decoder.block"}),
+)
 
 
 def fast_t5_reason(model: Any) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..steps.gate import WeightStamp
 from .hf_t5 import _output_scale
 
 
@@ -157,19 +158,20 @@ class FastT5Weights:
         self.head_size = self.encoder_bias_module.key_value_proj_dim
 
 
-_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (parameters, versions, weights)
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (stamp, weights)
 
 
 def fast_weights(model: Any) -> FastT5Weights:
-    """The packed weights of ``model``, made on the first call and again after any of its parameters is updated
-    in place (its version changes: an optimizer step, ``load_state_dict``). A parameter replaced by a new tensor
-    object is not seen: call :func:`forget_weights` after such surgery."""
+    """The packed weights of ``model``, made on the first call and again whenever the model no longer holds what
+    they were packed from (:class:`~beamsearch.steps.gate.WeightStamp`: a parameter updated in place, as by an
+    optimizer step or ``load_state_dict``; a parameter or module replaced, as by ``load_state_dict(assign=True)`` or
+    ``set_output_embeddings``; a move or a cast)."""
     cached = _WEIGHTS.get(model)
-    if cached is not None and all(p._version == v for p, v in zip(cached[0], cached[1], strict=True)):
-        return cached[2]
-    parameters = list(model.parameters())
+    if cached is not None and cached[0].current(model):
+        return cached[1]
+    stamp = WeightStamp(model)
     weights = FastT5Weights(model)
-    _WEIGHTS[model] = (parameters, [p._version for p in parameters], weights)
+    _WEIGHTS[model] = (stamp, weights)
     return weights
 
 

@@ -25,7 +25,8 @@ from .fast_t5 import fast_encoder
 from .hf_inputs import REJECTED_ARGUMENTS, encode_as_generate, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
-from .hf_steps import fast_call_reason, model_step, wants_fast_step
+from .hf_peft import base_model
+from .hf_steps import fast_call_reason, fast_refusal, model_step
 
 hf_compat.warn_if_untested()  # once, naming the tested releases, where another is installed
 
@@ -59,6 +60,7 @@ def generate(
     Raises:
         ValueError: an argument or generation option we do not implement (named in the message).
     """
+    model = base_model(model, kwargs)  # a PeftModel: its base model with the adapter layers
     result, config, options = _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs)
     return to_hf_output(model, config, options, result)
 
@@ -77,6 +79,7 @@ def search_model(
     The result carries per-token log-probs, lengths and finish reasons. For encoder-decoder models
     its sequences start with the decoder start token; for decoder-only models, with the prompt.
     """
+    model = base_model(model, kwargs)
     return _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs)[0]
 
 
@@ -105,14 +108,18 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
             raise ValueError("exact_parity=True keeps every row to the end: it cannot be combined with "
                              "remove_finished=True")
         toolkit["remove_finished"] = False
-    encode = fast_encoder(model) if not cuda_graphs and wants_fast_step(model, **lean) else None
-    setup = prepare(model, inputs, generation_config, kwargs, encode=encode)
+    # the fast T5 step (and so its encoder) where the options and the model (its gate) allow it: decided once
+    fast_reason = "cuda_graphs=True" if cuda_graphs else fast_refusal(model, **lean)
+    if lean["lean_step"] == "fast" and fast_reason is not None and not cuda_graphs:  # the graph path refuses it
+        raise ValueError(f"lean_step='fast' cannot run this call: {fast_reason}")
+    setup = prepare(model, inputs, generation_config, kwargs, encode=None if fast_reason else fast_encoder(model))
     config = setup["generation_config"]
     options = options_from_config(config, toolkit, setup["has_default_max_length"])
     needs_attention = options.coverage_penalty != "none" or search_arguments["output_alignments"]
-    if setup["fast_encoded"] and lean["lean_step"] is None \
-            and fast_call_reason(model, setup["model_kwargs"], needs_attention) is not None:
-        encode_as_generate(model, setup)  # the step falls back to one that takes the model's own encoder output
+    if fast_reason is None:
+        fast_reason = fast_call_reason(model, setup["model_kwargs"], needs_attention, gated=True)
+        if setup["fast_encoded"] and lean["lean_step"] is None and fast_reason is not None:
+            encode_as_generate(model, setup)  # the step falls back to one that takes the model's own encoder output
     if cuda_graphs:  # what a captured step cannot run is refused before anything is decoded
         check_graph_call(options, {**search_arguments, "stream_to": streamer}, lean, logits_processor,
                          stopping_criteria)
@@ -122,7 +129,8 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
             return graph_search(model, setup, config, run_options, fill_token(config, run_options),
                                 logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                                 arguments=arguments, step_options=lean)
-        step, state = model_step(model, setup["model_kwargs"], config, run_options, needs_attention, **lean)
+        step, state = model_step(model, setup["model_kwargs"], config, run_options, needs_attention, **lean,
+                                 fast=fast_reason is None)
         return search(
             step,
             setup["input_ids"],

@@ -18,6 +18,7 @@ from ..results import SearchResult
 from . import hf_compat
 from .hf_inputs import REJECTED_ARGUMENTS, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
+from .hf_peft import base_model
 from .hf_steps import model_step
 
 hf_compat.warn_if_untested()  # once, naming the tested releases, where another is installed
@@ -45,7 +46,7 @@ def search_ensemble(
     Returns:
         A :class:`~beamsearch.SearchResult`.
     """
-    models = list(models)
+    models = [base_model(m, kwargs) for m in models]  # PeftModels: their base models with the adapter layers
     if not models:
         raise ValueError("search_ensemble needs at least one model")
     kinds = {bool(m.config.is_encoder_decoder) for m in models}

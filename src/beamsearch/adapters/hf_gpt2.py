@@ -37,12 +37,32 @@ from typing import Any
 
 import torch
 
+from ..steps.gate import Plan, refusal
 from .hf_compat import gpt2_attention_scaling
 from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
+# The modules the lean GPT-2 step computes itself (the model's stack, blocks and attention, whose dropouts it skips in
+# eval mode) and those it calls as modules on the inputs the model's forward gives them (embeddings, norms, the
+# attention's products, the MLP, the output layer).
+LEAN_GPT2 = Plan(
+    step="the lean GPT-2 step",
+    roots=("GPT2LMHeadModel",),
+    suffix="LMHeadModel",
+    computed={"transformer": ("{}Model",), "transformer.drop": (torch.nn.Dropout,),
+              "transformer.h": (torch.nn.ModuleList,), "transformer.h.*": ("{}Block",),
+              "transformer.h.*.attn": ("{}Attention",), "transformer.h.*.attn.attn_dropout": (torch.nn.Dropout,),
+              "transformer.h.*.attn.resid_dropout": (torch.nn.Dropout,)},
+    called=frozenset({"lm_head", "transformer.wte", "transformer.wpe", "transformer.ln_f", "transformer.h.*.ln_1",
+                      "transformer.h.*.ln_2", "transformer.h.*.mlp", "transformer.h.*.attn.c_attn",
+                      "transformer.h.*.attn.c_proj"}),
+    repeated=frozenset({"transformer.h"}),
+)
 
-def lean_gpt2_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
-    """Why the lean step cannot run this model and call (None: it can)."""
+
+def lean_gpt2_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool,
+                     plan: Plan = LEAN_GPT2) -> str | None:
+    """Why the lean step cannot run this model and call (None: it can); ``plan``: the gate to pass last (the
+    graph-safe step passes its own)."""
     config = model.config
     if getattr(config, "model_type", None) != "gpt2":
         return f"model_type {getattr(config, 'model_type', None)!r} is not GPT-2"
@@ -58,7 +78,7 @@ def lean_gpt2_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: 
             return f"config.{flag} is set"
     if not getattr(config, "is_causal", True):
         return "config.is_causal is False (bidirectional attention)"
-    return call_reason(model, model_kwargs, needs_attention)
+    return call_reason(model, model_kwargs, needs_attention) or refusal(model, plan)
 
 
 class LeanGPT2State(LeanDecoderState):

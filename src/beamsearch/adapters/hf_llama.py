@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ..steps.gate import Plan, refusal
 from . import hf_compat
 from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
@@ -58,9 +59,26 @@ _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # the causal language models whose decoder layers are Llama's, by model_type
 MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
+# The modules the lean step computes itself (the decoder, its layers and their attention) and those it calls as
+# modules on the inputs the model's forward gives them (embedding, rotary embedding, norms, the attention's products,
+# the MLP, the output layer). ``{}`` is ``Llama``, ``Qwen2`` or ``Mistral``.
+LEAN_LLAMA = Plan(
+    step="the lean Llama step",
+    roots=tuple(MODELS.values()),
+    suffix="ForCausalLM",
+    computed={"model": ("{}Model",), "model.layers": (torch.nn.ModuleList,), "model.layers.*": ("{}DecoderLayer",),
+              "model.layers.*.self_attn": ("{}Attention",)},
+    called=frozenset({"lm_head", "model.embed_tokens", "model.rotary_emb", "model.norm",
+                      "model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm",
+                      "model.layers.*.mlp", *(f"model.layers.*.self_attn.{p}_proj" for p in "qkvo")}),
+    repeated=frozenset({"model.layers"}),
+)
 
-def lean_llama_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
-    """Why the lean step cannot run this model and call (None: it can)."""
+
+def lean_llama_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool,
+                      plan: Plan = LEAN_LLAMA) -> str | None:
+    """Why the lean step cannot run this model and call (None: it can); ``plan``: the gate to pass last (the
+    graph-safe step passes its own)."""
     model_type = getattr(model.config, "model_type", None)
     if model_type not in MODELS:
         return f"model_type {model_type!r} is not Llama, Qwen2 or Mistral"
@@ -69,7 +87,7 @@ def lean_llama_reason(model: Any, model_kwargs: dict[str, Any], needs_attention:
     expected = getattr(transformers, MODELS[model_type])
     if type(model) is not expected:
         return f"{type(model).__name__} is not {expected.__name__}"
-    return _config_reason(model) or call_reason(model, model_kwargs, needs_attention)
+    return _config_reason(model) or call_reason(model, model_kwargs, needs_attention) or refusal(model, plan)
 
 
 def _config_reason(model: Any) -> str | None:

@@ -7,17 +7,21 @@ Legend: B batch, K rows per example, N = B*K, V vocabulary, t tokens so far.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import torch
 
+from ..steps.gate import refusal
 from . import hf_compat
-from .fast_t5 import FastT5State, fast_t5_reason, is_int8
+from .fast_t5 import FAST_T5, FastT5State, fast_t5_reason, is_int8
 from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
 from .hf_llama import MODELS as LLAMA_LIKE
 from .hf_llama import LeanLlamaState, lean_llama_reason, lean_llama_step
 from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
+
+LOG = logging.getLogger("beamsearch")
 
 
 class HFState:
@@ -109,19 +113,23 @@ hf_step.fresh_logits = True  # a copy of the model's output (see loop.decode)
 
 
 def model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False,
-               compile_step=False, exact_parity=False):
+               compile_step=False, exact_parity=False, fast=None):
     """The step function and state.
 
     ``lean_step=None`` (the default): the fast T5 step where it can run (a float32 T5 model and call: packed weights,
     fused products, its own attention; equal to float rounding, ``fast_t5.py``), else a lean step (T5, GPT-2, Llama,
     Qwen2, Mistral; the model's own kernels) where one applies, else the generic one that calls ``model(...)``.
     ``True``: a lean step or an error; ``"fast"``: the fast T5 step (int8 models too) or an error; ``False``: the
-    generic step.
+    generic step. Every specialized step runs only where the model passes its gate (``steps/gate.py``: the modules it
+    computes itself are the model's own, unhooked; else the step that calls them runs, and ``lean_step=True`` or
+    ``"fast"`` raise with the gate's reason).
     ``share_encoder_state`` (lean T5 step only): an example's beams attend to its cross-attention keys and values in
     one kernel call (not bitwise). ``compile_step``: the step's decoder runs under ``torch.compile`` (``True``:
     dynamic shapes, the lean step unless ``lean_step="fast"``; ``"static"``: the lean fixed-shape step, the same
     shapes at every step). ``exact_parity``: the generic step on transformers' rows (prompt and cache on every
-    beam's row, the whole cache reordered), so that each forward has the shapes of ``model.generate``'s."""
+    beam's row, the whole cache reordered), so that each forward has the shapes of ``model.generate``'s.
+    ``fast``: whether the caller found the fast step can run this call (:func:`fast_refusal` and
+    :func:`fast_call_reason`, once per call); None: found here."""
     if lean_step is not None and not isinstance(lean_step, bool) and lean_step != "fast":
         raise ValueError(f"lean_step must be None, True, False or 'fast', got {lean_step!r}")
     if not isinstance(share_encoder_state, bool):
@@ -136,15 +144,20 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
                 raise ValueError(f"exact_parity=True runs the generic step as transformers does: it cannot be "
                                  f"combined with {name}={value!r}")
         lean_step = False
-    if lean_step is None and default_fast(model, share_encoder_state, compile_step) \
-            and fast_call_reason(model, model_kwargs, needs_attention) is None:
-        lean_step = "fast"
+    if lean_step == "fast" or (lean_step is None and fast is not False):
+        reason = None if fast else fast_refusal(model, lean_step, share_encoder_state, compile_step) \
+            or fast_call_reason(model, model_kwargs, needs_attention, gated=True)
+        if lean_step == "fast" and reason is not None:
+            raise ValueError(f"lean_step='fast' cannot run this call: {reason}")
+        if reason is None:
+            lean_step = "fast"
+        else:
+            _explain("the fast T5 step", reason)
     if lean_step is False:
         reason = "lean_step=False was given"
     else:
         if lean_step == "fast":
-            step, state = _fast_step(model, model_kwargs, options, needs_attention, share_encoder_state,
-                                     compile_step)  # it runs or raises
+            step, state = _fast_step(model, model_kwargs, options, share_encoder_state, compile_step)
             reason = None
         else:
             step, state, reason = _lean_step(model, model_kwargs, config, options, needs_attention,
@@ -154,6 +167,7 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
                 state.decode = torch.compile(state.decode, dynamic=None if fixed_shape else True,
                                              **compile_options())
             return step, state
+        _explain("a lean step", reason)
     if share_encoder_state:
         raise ValueError(f"share_encoder_state=True needs the lean T5 step, which cannot run this call: {reason}")
     if compile_step:
@@ -167,45 +181,75 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
     return hf_step, state
 
 
+def _explain(step: str, reason: str) -> None:
+    """Say at debug level why the default choice passed over ``step`` (``logging.getLogger("beamsearch")``)."""
+    LOG.debug("beamsearch.generate: %s does not run this call: %s", step, reason)
+
+
+def fast_model_reason(model: Any) -> str | None:
+    """Why the fast T5 step cannot run this model whatever the call (None: it can): a T5 / mT5 model in eval mode,
+    float32 or int8, passing the fast step's gate (``FAST_T5``: every module the model's own, unhooked); a call may
+    still refuse it (:func:`fast_call_reason`)."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in ("t5", "mt5"):
+        return f"model_type {model_type!r} is not T5"
+    if model.training:
+        return "the model is in training mode (dropout)"
+    return lean_t5_reason(model, {"encoder_outputs": True}, False, plan=None) or fast_t5_reason(model) \
+        or refusal(model, FAST_T5)
+
+
 def fast_capable(model: Any) -> bool:
-    """Whether the fast T5 step can run this model (a T5 / mT5 model in eval mode, float32 or int8); a call may still
-    refuse it (``lean_t5_reason``)."""
-    if getattr(model.config, "model_type", None) not in ("t5", "mt5") or model.training:
-        return False
-    return lean_t5_reason(model, {"encoder_outputs": True}, False) is None and fast_t5_reason(model) is None
+    """Whether the fast T5 step can run this model (:func:`fast_model_reason` is None)."""
+    return fast_model_reason(model) is None
 
 
 def default_fast(model: Any, share_encoder_state: bool = False, compile_step: bool | str = False) -> bool:
-    """Whether ``lean_step=None`` tries the fast T5 step on this model: a float32 T5 / mT5 model on the CPU that the
-    fast step can run, without an option of the lean step's (``share_encoder_state``, ``compile_step``; compiling the
-    fast step is opt-in, ``lean_step="fast"``). int8 models keep the lean step, whose products are the quantized
-    model's own (the fast step requantizes per output row: other results); so do models on a GPU, where the fast
-    step (built and measured for CPU kernels) has not been measured against the lean one."""
-    if share_encoder_state or compile_step or not fast_capable(model):
-        return False
-    weight = model.decoder.embed_tokens.weight
-    return weight.device.type == "cpu" and not is_int8(model.decoder.block[0].layer[0].SelfAttention.q)
+    """Whether ``lean_step=None`` takes the fast T5 step on this model (:func:`fast_refusal` is None)."""
+    return fast_refusal(model, None, share_encoder_state, compile_step) is None
 
 
-def wants_fast_step(model: Any, lean_step: Any = None, share_encoder_state: bool = False,
-                    compile_step: bool | str = False, exact_parity: bool = False) -> bool:
-    """Whether this call's step options lead to the fast T5 step where the call allows it (then the adapter runs the
-    encoder the fast way too, :func:`~.fast_t5.fast_encoder`)."""
+def fast_refusal(model: Any, lean_step: Any = None, share_encoder_state: bool = False,
+                 compile_step: bool | str = False, exact_parity: bool = False) -> str | None:
+    """Why this call's step options and model do not lead to the fast T5 step (None: they do where the call's inputs
+    allow, :func:`fast_call_reason`; then the adapter runs the encoder the fast way too,
+    :func:`~.fast_t5.fast_encoder`).
+
+    ``lean_step="fast"`` asks for it on any model it can run (int8 too). ``lean_step=None`` takes it for a float32
+    T5 / mT5 model on the CPU that it can run, without an option of the lean step's (``share_encoder_state``,
+    ``compile_step``; compiling the fast step is opt-in, ``lean_step="fast"``). int8 models keep the lean step,
+    whose products are the quantized model's own (the fast step requantizes per output row: other results); so do
+    models on a GPU, where the fast step (built and measured for CPU kernels) has not been measured against the lean
+    one."""
+    if exact_parity:
+        return "exact_parity=True runs the generic step"
     if lean_step == "fast":
-        return not exact_parity
-    return lean_step is None and not exact_parity and default_fast(model, share_encoder_state, compile_step)
+        return fast_model_reason(model)
+    if lean_step is not None:
+        return f"lean_step={lean_step!r} was given"
+    if share_encoder_state or compile_step:
+        return "share_encoder_state / compile_step ask for the lean step"
+    if getattr(model.config, "model_type", None) not in ("t5", "mt5"):
+        return "the fast step runs T5 models"
+    weight = model.decoder.embed_tokens.weight
+    if weight.device.type != "cpu":
+        return f"the model is on {weight.device.type} (the fast step is the default on the CPU)"
+    if is_int8(model.decoder.block[0].layer[0].SelfAttention.q):
+        return "an int8 model keeps the lean step unless lean_step='fast' is given"
+    return fast_model_reason(model)
 
 
-def fast_call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
-    """Why the fast T5 step cannot run this model and call (None: it can)."""
-    return lean_t5_reason(model, model_kwargs, needs_attention) or fast_t5_reason(model)
+def fast_call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool, gated: bool = False
+                     ) -> str | None:
+    """Why the fast T5 step cannot run this model and call (None: it can); ``gated``: the model has passed
+    :func:`fast_model_reason` in this call already (its gate is not walked again)."""
+    if gated:
+        return lean_t5_reason(model, model_kwargs, needs_attention, plan=None)
+    return lean_t5_reason(model, model_kwargs, needs_attention, plan=None) or fast_model_reason(model)
 
 
-def _fast_step(model, model_kwargs, options, needs_attention, share_encoder_state, compile_step):
-    """The fast T5 step and its state (``lean_step="fast"``), or an error naming why it cannot run this call."""
-    reason = fast_call_reason(model, model_kwargs, needs_attention)
-    if reason is not None:
-        raise ValueError(f"lean_step='fast' cannot run this call: {reason}")
+def _fast_step(model, model_kwargs, options, share_encoder_state, compile_step):
+    """The fast T5 step and its state (the call has passed :func:`fast_call_reason`)."""
     if share_encoder_state:
         raise ValueError("lean_step='fast' already attends to an example's encoder state once for its K rows: "
                          "leave share_encoder_state unset")

@@ -37,12 +37,43 @@ from typing import Any
 
 import torch
 
+from ..steps.gate import Plan, refusal
 from .hf_compat import t5_position_bias
 from .lean_cache import TimeMajorCache
 
+_DROPOUT = (torch.nn.Dropout,)
+_LIST = (torch.nn.ModuleList,)
 
-def lean_t5_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool) -> str | None:
-    """Why the lean step cannot run this model and call (None: it can)."""
+# The modules the lean T5 step computes itself (the decoder's blocks, attention sub-layers and attention, whose
+# dropouts it skips in eval mode) and those it calls as modules on the inputs the model's forward gives them: the
+# encoder (transformers runs it), the embedding, norms, products, the relative position bias, the feed-forward
+# sub-layer, the output layer. ``{}`` is ``T5`` or ``MT5``.
+LEAN_T5 = Plan(
+    step="the lean T5 step",
+    roots=("T5ForConditionalGeneration", "MT5ForConditionalGeneration"),
+    suffix="ForConditionalGeneration",
+    computed={
+        "decoder": ("{}Stack",), "decoder.block": _LIST, "decoder.block.*": ("{}Block",),
+        "decoder.block.*.layer": _LIST, "decoder.dropout": _DROPOUT,
+        "decoder.block.*.layer.0": ("{}LayerSelfAttention",), "decoder.block.*.layer.0.SelfAttention": ("{}Attention",),
+        "decoder.block.*.layer.0.dropout": _DROPOUT,
+        "decoder.block.*.layer.1": ("{}LayerCrossAttention",),
+        "decoder.block.*.layer.1.EncDecAttention": ("{}Attention",), "decoder.block.*.layer.1.dropout": _DROPOUT,
+    },
+    called=frozenset({
+        "shared", "encoder", "lm_head", "decoder.embed_tokens", "decoder.final_layer_norm", "decoder.block.*.layer.2",
+        *(f"decoder.block.*.layer.{i}.layer_norm" for i in (0, 1)),
+        *(f"decoder.block.*.layer.{path}.{name}" for path in ("0.SelfAttention", "1.EncDecAttention")
+          for name in ("q", "k", "v", "o", "relative_attention_bias")),
+    }),
+    repeated=frozenset({"decoder.block"}),
+)
+
+
+def lean_t5_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool,
+                   plan: Plan | None = LEAN_T5) -> str | None:
+    """Why the lean step cannot run this model and call (None: it can). ``plan``: the gate to pass last (the fast
+    and graph-safe steps pass their own; None where the caller has passed it)."""
     config = model.config
     if getattr(config, "model_type", None) not in ("t5", "mt5"):
         return f"model_type {getattr(config, 'model_type', None)!r} is not T5"
@@ -65,7 +96,7 @@ def lean_t5_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bo
             return f"{name} is given"
     if model_kwargs.get("encoder_outputs") is None:
         return "no encoder outputs"
-    return None
+    return None if plan is None else refusal(model, plan)
 
 
 def _output_scale(model: Any) -> float | None:
@@ -189,7 +220,8 @@ class LeanT5State:
         step, attention over all T positions with the unfilled ones masked, the same shapes at every step)."""
         rows = tokens.shape[0]
         queries_per_key = rows // self.cross_keys[0].shape[0]  # K: an example's rows share its encoder state
-        hidden = self.model.decoder.embed_tokens(tokens)  # [R, D]
+        # the modules the step calls get the inputs the model's forward gives them: [R, 1, D], one position per row
+        hidden = self.model.decoder.embed_tokens(tokens[:, None])  # [R, 1, D]
         if isinstance(position, torch.Tensor):
             bias = self.bias_table.index_select(1, position.view(1))[None]  # [1, H, 1, T]
         else:
@@ -202,7 +234,7 @@ class LeanT5State:
         hidden = self.model.decoder.final_layer_norm(hidden)
         if self.scale is not None:
             hidden = hidden * self.scale
-        return self.model.lm_head(hidden).float()
+        return self.model.lm_head(hidden).view(rows, -1).float()
 
     def _bias_table(self, capacity: int, device: torch.device) -> torch.Tensor:
         """The position bias of every query position over every key position ``[H, T, T]``, the model's own
@@ -220,7 +252,7 @@ class LeanT5State:
         keys, values = self.cache.write(layer, position, attention.k(normed).view(rows, heads, size),
                                         attention.v(normed).view(rows, heads, size))  # [N, H, t, d]
         query = attention.q(normed).view(rows, 1, heads, size).transpose(1, 2)  # [N, H, 1, d]
-        mixed = self.attend(query, keys, values, bias).view(rows, heads * size)
+        mixed = self.attend(query, keys, values, bias).view(rows, 1, heads * size)
         return hidden + attention.o(mixed)
 
     def _cross_attention(self, sublayer: Any, hidden: torch.Tensor, layer: int, queries_per_key: int) -> torch.Tensor:
@@ -240,7 +272,7 @@ class LeanT5State:
             slots = [self.attend(query[:, j, :, None], keys, values, self.source_bias)  # [B, H, 1, d]
                      for j in range(queries_per_key)]
             mixed = torch.stack(slots, dim=1)  # [B, K, H, 1, d]
-        return hidden + attention.o(mixed.reshape(-1, heads * size))
+        return hidden + attention.o(mixed.reshape(-1, 1, heads * size))
 
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
         """The first call: the given tokens ``[N, t0]`` of each example once, then the cache copied to its rows."""

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from ..adapters.hf_gpt2 import LeanGPT2State, lean_gpt2_reason
-from ..adapters.hf_llama import LeanLlamaState, lean_llama_reason
-from ..adapters.hf_t5 import lean_t5_reason
+from ..adapters.hf_gpt2 import LEAN_GPT2, LeanGPT2State, lean_gpt2_reason
+from ..adapters.hf_llama import LEAN_LLAMA, LeanLlamaState, lean_llama_reason
+from ..adapters.hf_t5 import LEAN_T5, lean_t5_reason
 from ..options import SearchOptions
 from ..processors import build_processors
 from ..results import SearchResult
@@ -47,6 +47,12 @@ from .processors import graph_processors
 from .reuse import KeptStep, forget, keep, kept_step, load, reuse_key
 from .runner import StepRunner, WholeStep
 from .t5 import GraphT5
+
+# the gates of the graph-safe steps: the lean steps' plans, strict (a graph replays what it recorded once, so no hook
+# and no module from outside torch and transformers anywhere in the model)
+GRAPH_T5 = LEAN_T5.captured("the graph-safe T5 step")
+GRAPH_GPT2 = LEAN_GPT2.captured("the graph-safe GPT-2 step")
+GRAPH_LLAMA = LEAN_LLAMA.captured("the graph-safe Llama step")
 
 CHECK_EVERY = 4  # captured steps between two reads of the device's flags
 EAGER_CHECK_EVERY = 1  # uncaptured (a CPU): a read costs nothing there, so every step
@@ -85,7 +91,7 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
     if capture is None:
         capture = captures(input_ids.device)
     key = reuse_key(model, setup, options, fill_token_id, bucket, rows, capacity) if keeps_steps(capture) else None
-    kept = None if key is None else kept_step(key)
+    kept = None if key is None else kept_step(key, model)
     state = model_state(model, setup, config, rows, capacity, bucket, None if kept is None else kept.step.model.cache)
     search = _strategy(options, pad_examples(input_ids, bucket), rows, max_length, fill_token_id,
                        graph_processors(processors, vocab, input_ids.device), real_examples(examples, bucket,
@@ -176,17 +182,17 @@ def model_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capac
     kwargs, input_ids = setup["model_kwargs"], setup["input_ids"]
     model_type = getattr(model.config, "model_type", None)
     if model_type == "gpt2":
-        reason = lean_gpt2_reason(model, kwargs, False)
+        reason = lean_gpt2_reason(model, kwargs, False, plan=GRAPH_GPT2)
         if reason is None:
             lean = LeanGPT2State(model, kwargs, config, input_ids.shape[1] + 1)
             return GraphGPT2(lean, input_ids, bucket, rows, capacity, cache)
     elif model_type == "llama":
-        reason = lean_llama_reason(model, kwargs, False)
+        reason = lean_llama_reason(model, kwargs, False, plan=GRAPH_LLAMA)
         if reason is None:
             lean = LeanLlamaState(model, kwargs, config, input_ids.shape[1] + 1)
             return GraphLlama(lean, input_ids, bucket, rows, capacity, cache)
     else:
-        reason = lean_t5_reason(model, kwargs, False)
+        reason = lean_t5_reason(model, kwargs, False, plan=GRAPH_T5)
         if reason is None:
             hidden = pad_examples(kwargs["encoder_outputs"].last_hidden_state, bucket)
             state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows, capacity, cache)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..options import SearchOptions
+from ..steps.gate import WeightStamp
 from .runner import StepRunner, WholeStep
 
 MAX_KEPT = 8
@@ -35,6 +36,10 @@ class KeptStep:
     model: Any  # held so that its weights stay where the graph reads them
     step: WholeStep
     runner: StepRunner
+    stamp: WeightStamp = dataclasses.field(init=False)  # the weights the graph reads, as captured
+
+    def __post_init__(self) -> None:
+        self.stamp = WeightStamp(self.model)
 
 
 _KEPT: OrderedDict[tuple, KeptStep] = OrderedDict()
@@ -53,9 +58,14 @@ def reuse_key(model: Any, setup: dict[str, Any], options: SearchOptions, fill_to
             source, options, fill_token_id)
 
 
-def kept_step(key: tuple) -> KeptStep | None:
-    """The kept step for ``key`` (now the most recently used), or None."""
+def kept_step(key: tuple, model: Any) -> KeptStep | None:
+    """The kept step for ``key`` (now the most recently used), or None; a kept step whose model no longer holds the
+    weights it was captured on (a replaced tensor or module, a move or cast:
+    :class:`~beamsearch.steps.gate.WeightStamp`) is dropped (its graph would read the old addresses)."""
     kept = _KEPT.get(key)
+    if kept is not None and not kept.stamp.current(model):
+        forget(key)
+        return None
     if kept is not None:
         _KEPT.move_to_end(key)
     return kept
