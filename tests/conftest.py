@@ -1,6 +1,7 @@
 import os
 import sys
 
+import pytest
 from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -11,3 +12,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+
+
+@pytest.fixture
+def steps_run(monkeypatch) -> list[str]:
+    """The type name of the state of each step the Hugging Face adapter chose (which step ran)."""
+    from beamsearch.adapters import hf as hf_adapter
+
+    names: list[str] = []
+    original = hf_adapter.model_step
+
+    def recording(*args, **kwargs):
+        step, state = original(*args, **kwargs)
+        names.append(type(state).__name__)
+        return step, state
+
+    monkeypatch.setattr(hf_adapter, "model_step", recording)
+    return names

@@ -7,6 +7,7 @@ varied steps.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -313,3 +314,27 @@ def random_t5(gated: bool = False, tied: bool = False, seed: int = 0, model_type
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.4)
     return model
+
+
+def fresh(name: str):
+    """A copy of ``tiny_model(name)`` to change (hooks, adapters, weights)."""
+    return copy.deepcopy(tiny_model(name))
+
+
+def inputs(model, batch: int = 3, seed: int = 5) -> dict:
+    """generate kwargs for a padded batch of ``random_inputs``, with the scores returned."""
+    ids, mask = random_inputs(model, batch, torch.Generator().manual_seed(seed))
+    return dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, return_dict_in_generate=True,
+                output_scores=True)
+
+
+SEARCHES = (dict(num_beams=1), dict(num_beams=3, num_return_sequences=2))
+
+
+def assert_equals_generate(model, steps_run: list[str], expected_state: str, searches=SEARCHES, **kwargs) -> None:
+    """Greedy and beam search (``searches``): tokens of ``model.generate`` (but at its own near ties), scores to float
+    precision, and the step that ran is ``expected_state`` (``steps_run``: the conftest fixture)."""
+    for search in searches:
+        steps_run.clear()
+        assert_generate_equivalent(model, **kwargs, **search)
+        assert steps_run == [expected_state], (search, steps_run)

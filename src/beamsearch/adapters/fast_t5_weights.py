@@ -164,15 +164,30 @@ _WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (s
 def fast_weights(model: Any) -> FastT5Weights:
     """The packed weights of ``model``, made on the first call and again whenever the model no longer holds what
     they were packed from (:class:`~beamsearch.steps.gate.WeightStamp`: a parameter updated in place, as by an
-    optimizer step or ``load_state_dict``; a parameter or module replaced, as by ``load_state_dict(assign=True)`` or
-    ``set_output_embeddings``; a move or a cast)."""
+    optimizer step or ``load_state_dict``, or through ``.data`` as by PEFT's merges; a parameter or module replaced, as
+    by ``load_state_dict(assign=True)`` or ``set_output_embeddings``; a move or a cast)."""
     cached = _WEIGHTS.get(model)
     if cached is not None and cached[0].current(model):
         return cached[1]
-    stamp = WeightStamp(model)
+    stamp = WeightStamp(model, contents=_copied(model))
     weights = FastT5Weights(model)
     _WEIGHTS[model] = (stamp, weights)
     return weights
+
+
+def _copied(model: Any) -> list[torch.Tensor]:
+    """The float tensors the packed weights are copies of: every parameter but the embeddings, which the fast step
+    reads from the model as they are (token embeddings, relative position biases); int8 layers' weights are packed
+    objects of their modules (the stamp holds those)."""
+    seen: set[int] = set()
+    copied = []
+    for name, parameter in model.named_parameters(remove_duplicate=False):  # a tied output layer by its own name
+        if name.endswith(("shared.weight", "embed_tokens.weight", "relative_attention_bias.weight")):
+            continue
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            copied.append(parameter)
+    return copied
 
 
 def forget_weights(model: Any) -> None:

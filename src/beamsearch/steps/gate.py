@@ -200,17 +200,21 @@ def _classes(plan: Plan, root: type) -> dict[str, tuple[type | str, ...]] | None
 
 class WeightStamp:
     """What a copy of a model's weights was made from: every parameter and buffer (the object, its version counter,
-    storage, dtype and device) and every module object (a replaced module, an int8 layer's packed weights).
+    storage, dtype and device), every module object (a replaced module, an int8 layer's packed weights), and a
+    checksum of the values of the tensors copied (``contents``).
 
     :meth:`current` is False after any in-place update (an optimizer step, ``load_state_dict``), a replaced tensor
     (``load_state_dict(assign=True)``, ``module.weight = nn.Parameter(...)``, ``param.data = ...``), a replaced module
-    (``set_output_embeddings``), a move or a cast; the copy must then be made again. Holds the objects it stamps, so
-    that an identity cannot be reused while the stamp lives.
+    (``set_output_embeddings``), a move or a cast; the copy must then be made again. A write through ``.data``
+    (``weight.data += delta``, as PEFT's ``merge_adapter`` and ``merge_and_unload`` do) moves no version counter: the
+    checksum of ``contents`` sees it (:func:`checksum`). Holds the objects it stamps, so that an identity cannot be
+    reused while the stamp lives.
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, contents: Any = ()):
         self.tensors = [(t, t._version, t.data_ptr(), t.dtype, t.device) for t in _tensors(model)]
         self.modules = [(m, getattr(m, "_packed_params", None)) for m in model.modules()]
+        self.sums = [(t, checksum(t)) for t in contents]
 
     def current(self, model: Any) -> bool:
         """Whether ``model`` still holds exactly what this stamp was made from."""
@@ -221,8 +225,20 @@ class WeightStamp:
             if now is not tensor or now._version != version or now.data_ptr() != pointer or now.dtype != dtype \
                     or now.device != device:
                 return False
-        return all(now is module and getattr(now, "_packed_params", None) is packed
-                   for (module, packed), now in zip(self.modules, modules, strict=True))
+        if not all(now is module and getattr(now, "_packed_params", None) is packed
+                   for (module, packed), now in zip(self.modules, modules, strict=True)):
+            return False
+        return all(checksum(tensor) == value for tensor, value in self.sums)
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """The sum of a tensor's elements' bit patterns, wrapping (mod 2**32 or 2**64): any one changed element changes
+    it, as does any change but one whose differences cancel exactly (a swap of two elements). One read of the
+    tensor (on the CPU about 25 ms for 60M float32 values, memory-bound)."""
+    flat = tensor.detach().reshape(-1)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
+    words = flat.view(bits)
+    return int(words.sum(dtype=torch.int64 if bits is torch.int64 else torch.int32))
 
 
 def _tensors(model: Any) -> Any:
