@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_hf import assert_equals_generate, fresh, inputs
+from parity_grid import assert_case_equivalent, random_case, run_both
+from tiny_hf import assert_equals_generate, fresh, inputs, tiny_model
 
 import beamsearch
 from beamsearch.adapters.fast_t5 import FAST_T5
@@ -134,6 +135,21 @@ def test_the_default_says_why_at_debug_level(caplog) -> None:
     with caplog.at_level("DEBUG", logger="beamsearch"):
         beamsearch.generate(model, **inputs(model))
     assert "a lean step does not run this call: transformer.h.0.attn has a forward hook" in caplog.text
+
+
+@pytest.mark.parametrize("seed", range(48))
+def test_random_configurations_of_a_model_whose_output_layer_is_capped_by_a_hook(seed: int) -> None:
+    """The parity grid's configurations (greedy, sampling, beam search and beam sampling with the processors) on the
+    grid's models with a logit soft-cap hooked on the output layer, as users cap logits: ``model.generate``'s tokens
+    but at its own near ties, its scores to float precision (the T5 default leaves the fast step for the lean one)."""
+    name, kwargs = random_case(seed)
+    head = tiny_model(name).get_output_embeddings()
+    handle = head.register_forward_hook(lambda module, args, output: torch.tanh(output / 3.0) * 3.0)
+    try:
+        expected, actual = run_both(name, kwargs, seed)
+        assert_case_equivalent(expected, actual, name, kwargs, seed)
+    finally:
+        handle.remove()
 
 
 # ------------------------------------------------------------------ weights replaced and updated between calls
