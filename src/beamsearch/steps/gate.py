@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -212,13 +211,19 @@ class WeightStamp:
     """
 
     def __init__(self, model: Any, contents: Any = ()):
-        self.tensors = [(t, t._version, t.data_ptr(), t.dtype, t.device) for t in _tensors(model)]
-        self.modules = [(m, getattr(m, "_packed_params", None)) for m in model.modules()]
-        self.sums = [(t, checksum(t)) for t in contents]
+        modules, tensors = _inventory(model)
+        self.tensors = [(t, t._version, t.data_ptr(), t.dtype, t.device) for t in tensors]
+        self.modules = [(m, getattr(m, "_packed_params", None)) for m in modules]
+        with torch.no_grad():  # bit views of the contents: they share the storage, so they see writes through .data
+            self.words = [_words(t) for t in contents]
+            self.sums = self._sums()
+
+    def _sums(self) -> torch.Tensor | None:
+        return torch.stack([_sum(words) for words in self.words]) if self.words else None
 
     def current(self, model: Any) -> bool:
         """Whether ``model`` still holds exactly what this stamp was made from."""
-        tensors, modules = list(_tensors(model)), list(model.modules())
+        modules, tensors = _inventory(model)
         if len(tensors) != len(self.tensors) or len(modules) != len(self.modules):
             return False
         for (tensor, version, pointer, dtype, device), now in zip(self.tensors, tensors, strict=True):
@@ -228,18 +233,37 @@ class WeightStamp:
         if not all(now is module and getattr(now, "_packed_params", None) is packed
                    for (module, packed), now in zip(self.modules, modules, strict=True)):
             return False
-        return all(checksum(tensor) == value for tensor, value in self.sums)
+        with torch.no_grad():
+            return self.sums is None or torch.equal(self._sums(), self.sums)
 
 
 def checksum(tensor: torch.Tensor) -> int:
     """The sum of a tensor's elements' bit patterns, wrapping (mod 2**32 or 2**64): any one changed element changes
     it, as does any change but one whose differences cancel exactly (a swap of two elements). One read of the
     tensor (on the CPU about 25 ms for 60M float32 values, memory-bound)."""
+    with torch.no_grad():
+        return int(_sum(_words(tensor)))
+
+
+def _words(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as integers of their width ``[numel]`` (a view: the same storage)."""
     flat = tensor.detach().reshape(-1)
-    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
-    words = flat.view(bits)
-    return int(words.sum(dtype=torch.int64 if bits is torch.int64 else torch.int32))
+    return flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
 
 
-def _tensors(model: Any) -> Any:
-    return itertools.chain(model.parameters(), model.buffers())
+def _sum(words: torch.Tensor) -> torch.Tensor:
+    return words.sum(dtype=torch.int64 if words.dtype is torch.int64 else torch.int32)
+
+
+def _inventory(model: Any) -> tuple[list[Any], list[torch.Tensor]]:
+    """Every module of ``model`` (depth first, a shared one at each place) and every parameter and buffer of them."""
+    modules: list[Any] = []
+    tensors: list[torch.Tensor] = []
+    pending = [model]
+    while pending:
+        module = pending.pop()
+        modules.append(module)
+        tensors.extend(t for t in module._parameters.values() if t is not None)
+        tensors.extend(t for t in module._buffers.values() if t is not None)
+        pending.extend(reversed([child for child in module._modules.values() if child is not None]))
+    return modules, tensors
