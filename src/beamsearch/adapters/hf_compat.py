@@ -29,6 +29,9 @@ TESTED_RANGE = ("4.57.0", "5.24.0")
 BRANCHES = {
     "prefill: model._prefill": ">= 5.0",
     "prefill: cache positions + forward (no _prefill)": "4.57",
+    # The release's GenerationMixin.prepare_inputs_for_generation decides, never a model's override: Phi3's takes the
+    # length through **kwargs, and reading the override's signature (4dcad5c to this fix) gave Phi3 no length on
+    # 5.3 - 5.24, so it re-ran its whole sequence on the cache at every step and parted from generate (next_step).
     "next step: prepare_inputs_for_generation(next_sequence_length=)": ">= 5.3",
     "next step: prepare_inputs_for_generation without next_sequence_length": "4.57 - 5.2",
     "cache keyword: cache": ">= 5.24",
@@ -215,13 +218,29 @@ def next_step(model: Any, input_ids: torch.Tensor, model_kwargs: dict[str, Any])
 
     5.3 and later: ``prepare_inputs_for_generation(input_ids, next_sequence_length=1 or None, ...)``; before, the
     method derives the new positions from the cache position itself.
+
+    The branch is the release's (:func:`_passes_next_sequence_length`), not the model's: a family's override may take
+    the length through ``**kwargs`` (Phi3's does, and forwards it to ``GenerationMixin``'s, which slices the ids with
+    it). Read from the override's own signature (as from 4dcad5c, the input-preparation rework), such a model was
+    given no length on 5.3 and later: its whole sequence ran again at every step on top of the cache (``[N, t]`` ids
+    after ``t - 1`` cached positions, at positions past them, with a mask shorter than the keys), so Phi3 parted from
+    ``generate`` from the first steps after the prompt, left-padded rows at once; 4.57 to 5.2 have no such length.
     """
-    if "next_sequence_length" in _parameters(model.prepare_inputs_for_generation):
+    if _passes_next_sequence_length():
         length = 1 if model_kwargs.get("use_cache", True) else None
         inputs = model.prepare_inputs_for_generation(input_ids, next_sequence_length=length, **model_kwargs)
     else:
         inputs = model.prepare_inputs_for_generation(input_ids, **model_kwargs)
     return model(**inputs, return_dict=True)
+
+
+@functools.cache
+def _passes_next_sequence_length() -> bool:
+    """Whether the installed release's decoding loop passes ``next_sequence_length=`` to every
+    ``prepare_inputs_for_generation`` (5.3 and later): ``GenerationMixin``'s own method takes it."""
+    from transformers import GenerationMixin
+
+    return "next_sequence_length" in _parameters(GenerationMixin.prepare_inputs_for_generation)
 
 
 def update_kwargs(model: Any, outputs: Any, model_kwargs: dict[str, Any]) -> dict[str, Any]:
