@@ -26,7 +26,7 @@ class GraphGPT2(GraphDecoder):
                  cache: StaticCache | None = None):
         self.blocks = list(lean_state.model.transformer.h)
         attention = self.blocks[0].attn
-        self.heads, self.width, self.scaling = attention.num_heads, attention.split_size, attention.scaling
+        self.heads, self.width, self.scaling = attention.num_heads, attention.split_size, lean_state.scaling
         self.head_size = attention.head_dim
         super().__init__(lean_state, prompt, examples, rows_per_example, capacity, layers=len(self.blocks),
                          heads=self.heads, head_size=self.head_size, cache=cache)
