@@ -101,6 +101,17 @@ def test_ray_output_equals_the_single_process_output(local_ray, words, reference
     assert not (tmp_path / "ray.out.blocks").exists()  # removed once the output is complete
 
 
+def test_a_byte_order_mark_is_dropped_as_in_the_single_process(local_ray, words, reference_folder, tmp_path):
+    """A word list saved with a UTF-8 byte-order mark decodes on Ray as the same list without it (tsv records name no
+    file, so the bytes are the single process's on the list without the mark)."""
+    flags = CASES["tsv-greedy"]
+    want = single_process(words, reference_folder, flags)
+    marked, out = tmp_path / "marked.txt", tmp_path / "ray.tsv"
+    marked.write_bytes("\ufeff".encode("utf-8") + words.read_bytes())
+    assert main(["decode", str(marked), *flags, *LAYOUT, "-q", "-o", str(out), "--ray", "--num-workers", "2"]) == 0
+    assert out.read_bytes() == want
+
+
 def test_a_worker_killed_mid_block_is_restarted_and_its_block_redone(local_ray, words, reference_folder, tmp_path):
     flags = CASES["jsonl-beam5"]
     want = single_process(words, reference_folder, flags)

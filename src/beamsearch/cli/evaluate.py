@@ -6,10 +6,11 @@ import argparse
 import time
 from pathlib import Path
 
-from ..evaluation import read_references, score
+from ..evaluation import Entry, read_references, score
 from .decoding import add_ensemble, decode_lines, input_limit, load_model, report_long_inputs
 from .flags import generation_options
-from .inputs import CLIError, Line
+from .inputs import BOM, CLIError, Line
+from .output_claim import check_not_an_input
 from .outputs import progress
 
 CMUDICT_TEST = Path(__file__).resolve().parent.parent / "data" / "cmudict" / "test.tsv"
@@ -26,12 +27,9 @@ def run_eval(args: argparse.Namespace) -> int:
     path = Path(args.data) if args.data else CMUDICT_TEST
     if not path.is_file():
         raise CLIError(f"--data {path}: no such file")
-    try:
-        entries = read_references(path)
-    except UnicodeDecodeError as e:
-        raise CLIError(f"--data {path}: invalid UTF-8 ({e.reason})") from None
-    except ValueError as e:
-        raise CLIError(str(e)) from None
+    if args.plot:  # eval's one output file
+        check_not_an_input("--plot", args.plot, [Path(args.plot)], [str(path)])
+    entries = read_data(path)
     entries = entries[: args.limit] if args.limit else entries
     if not entries:
         raise CLIError(f"--data {path}: no examples")
@@ -82,3 +80,20 @@ def run_eval(args: argparse.Namespace) -> int:
     print("\nWER: inputs whose output matches no reference; PER: token edit distance to the closest reference")
     print("over its length. 'Stress removed' drops the digits 0-2 ending ARPAbet phones before comparing.")
     return 0
+
+
+def read_data(path: Path) -> list[Entry]:
+    """``--data``'s inputs and references (:func:`~beamsearch.evaluation.read_references`), the first input without
+    the UTF-8 byte-order mark that a file saved by a Windows editor starts with."""
+    try:
+        entries = read_references(path)
+    except UnicodeDecodeError as e:
+        raise CLIError(f"--data {path}: invalid UTF-8 ({e.reason})") from None
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    with path.open("rb") as f:
+        starts_with_bom = f.read(len(BOM)) == BOM
+    if starts_with_bom and entries:  # read as the character U+FEFF in front of the first input
+        source, references = entries[0]
+        entries[0] = (source.removeprefix("\ufeff"), references)
+    return entries

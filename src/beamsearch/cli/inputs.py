@@ -1,4 +1,5 @@
-"""Reading the command line's inputs: one example per line, from files or stdin, strict UTF-8."""
+"""Reading the command line's inputs: one example per line, from files or stdin, strict UTF-8 (a leading byte-order
+mark dropped)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which Windows editors write at the start of a text file
 
 
 class CLIError(Exception):
@@ -68,7 +71,8 @@ def scan_files(paths: list[str]) -> list[InputFile] | None:
 
 
 def read_lines(paths: list[str]) -> Iterator[Line]:
-    """Yield every line of the inputs (stdin when ``paths`` is empty or ``-``), without its line ending.
+    """Yield every line of the inputs (stdin when ``paths`` is empty or ``-``), without its line ending and, on the
+    first line of each input, without a UTF-8 byte-order mark (it is not part of the text).
 
     Raises:
         CLIError: naming the file and line, when a line is not valid UTF-8.
@@ -79,6 +83,8 @@ def read_lines(paths: list[str]) -> Iterator[Line]:
         stream: BinaryIO = sys.stdin.buffer if p == "-" else open(p, "rb")  # noqa: SIM115
         try:
             for n, raw in enumerate(stream, 1):
+                if n == 1:
+                    raw = raw.removeprefix(BOM)
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
