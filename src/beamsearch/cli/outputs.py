@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .inputs import CLIError, InputFile, Line
+from .interrupts import signals_held
 
 FORMATS = ("text", "tsv", "jsonl")
 FINISHED = ("eos", "stop_criterion")  # finish reasons of a hypothesis that ended by itself
@@ -86,7 +87,9 @@ class Output:
         self.path = None if path is None else Path(path)
         self.fmt = fmt
         self.resume = resume
-        self.done = 0
+        self.done = 0  # records of an interrupted run that this one continues
+        self.written = 0  # records this run wrote
+        self.started = False
         self.fingerprint: dict[str, Any] | None = None
         self.stream: TextIO | None = None
         self.last_sync = 0.0
@@ -111,6 +114,7 @@ class Output:
         if self.path is None:
             return
         self.fingerprint = fingerprint
+        self.started = True
         try:
             if self.resume and self.partial.exists():
                 check_fingerprint(self.sidecar, fingerprint)
@@ -124,12 +128,17 @@ class Output:
             raise CLIError(f"--output {self.path}: cannot be written ({e.strerror})", status=1) from None
 
     def write(self, text: str) -> None:
+        """Write one input's record (whole: SIGINT or SIGTERM stops the run after it, not inside it)."""
         if self.path is None:  # stdout: a closed pipe (BrokenPipeError) ends the command quietly, in main
-            self.stream.write(text)
+            with signals_held():
+                self.stream.write(text)
+                self.written += 1
             return
         try:
-            self.stream.write(text)
-            self.stream.flush()  # to the operating system: survives the process being killed
+            with signals_held():
+                self.stream.write(text)
+                self.stream.flush()  # to the operating system: survives the process being killed
+                self.written += 1
             if time.monotonic() - self.last_sync > 1.0:
                 self.sync()
         except OSError as e:
@@ -173,6 +182,18 @@ class Output:
         if self.partial.stat().st_size == 0:  # nothing decoded (e.g. a bad option found at the first batch)
             self.partial.unlink(missing_ok=True)
             self.sidecar.unlink(missing_ok=True)
+
+    def kept(self, total: int | None) -> str | None:
+        """After :meth:`abandon`: what the stopped run leaves, as a phrase (None: nothing), ``total`` inputs in all
+        where known."""
+        of = "" if total is None else f" of {total}"
+        if self.path is None:
+            return f"{self.written}{of} inputs were written to stdout"
+        if not self.partial.exists():
+            return None
+        if not self.started:  # stopped before it opened the interrupted run's partial file
+            return f"{self.partial} is kept as the interrupted run left it"
+        return f"{self.done + self.written}{of} inputs are written in {self.partial}"
 
     def _write_error(self, e: OSError) -> CLIError:
         return CLIError(f"cannot write {self.partial} ({e.strerror or e}); the records written so far are kept: "
