@@ -71,3 +71,49 @@ def assert_every_input_once_in_order(output: Path, lines: list[str]) -> None:
     assert [int(row[0]) for row in rows] == list(range(1, len(lines) + 1))
     assert [row[1] for row in rows] == lines
     assert all(row[2] == "1" and row[4] for row in rows)
+
+
+class Terminal:
+    """``beamsearch`` run in a pseudo-terminal that is its controlling terminal, as at a shell's prompt: what is typed
+    goes to its stdin, Ctrl-C (``\\x03``) makes the terminal send it SIGINT, Ctrl-D (``\\x04``) ends its input."""
+
+    def __init__(self, argv: list[str]):
+        import fcntl
+        import pty
+        import termios
+
+        self.master, follower = pty.openpty()
+
+        def take_the_terminal() -> None:  # in the child, a session leader (start_new_session): its terminal
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.process = start(argv, stdin=follower, stdout=follower, stderr=follower, start_new_session=True,
+                             preexec_fn=take_the_terminal)
+        os.close(follower)
+        self.screen = b""
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.master, keys)
+
+    def read_until(self, condition: Callable[[bytes], bool], seconds: float = 180) -> bytes:
+        """Read what the program shows until ``condition(screen)`` holds or it ends; returns the screen so far."""
+        import select
+
+        deadline = time.monotonic() + seconds
+        while not condition(self.screen) and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                try:
+                    self.screen += os.read(self.master, 4096)
+                except OSError:  # the program ended and closed the terminal
+                    break
+        return self.screen
+
+    def finish(self, seconds: float = 60) -> int:
+        """Wait for the program to end, reading what it still shows; its exit status."""
+        deadline = time.monotonic() + seconds
+        while self.process.poll() is None and time.monotonic() < deadline:
+            self.read_until(lambda screen: False, seconds=0.2)
+        self.read_until(lambda screen: False, seconds=0.2)
+        os.close(self.master)
+        return self.process.wait(timeout=5)
