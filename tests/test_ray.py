@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -153,11 +154,14 @@ def test_an_interrupted_run_resumes_from_its_manifest(local_ray, words, referenc
     monkeypatch.setattr(BlockStore, "save", interrupted_after_one)
     assert main(argv) == 130
     monkeypatch.setattr(BlockStore, "save", save)
-    assert "continue with --resume" in capsys.readouterr().err
+    err = capsys.readouterr().err
     folder = tmp_path / "ray.tsv.blocks"
     manifest = json.loads((folder / "manifest.json").read_text())
     [first] = [int(n) for n in manifest["blocks"]]
     assert (folder / manifest["blocks"][str(first)]["file"]).is_file() and not out.exists()
+    lines = manifest["blocks"][str(first)]["lines"]  # 8, or 7 for the last block
+    assert err == (f"beamsearch: stopped by SIGINT: 1 finished block ({lines} inputs) is kept in {folder}/; continue "
+                   f"with: {shlex.join(['beamsearch', *argv, '--resume'])}\n")
 
     assert main(argv) == 2  # neither --resume nor --overwrite
     assert "left ray.tsv.blocks/; continue it with --resume" in capsys.readouterr().err

@@ -158,7 +158,8 @@ def finished_blocks(output: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     lines = sum(int(entry["lines"]) for entry in listed.values())
-    return f"{len(listed)} finished blocks ({lines} inputs) are kept in {folder}/"
+    blocks = "1 finished block" if len(listed) == 1 else f"{len(listed)} finished blocks"
+    return f"{blocks} ({lines} inputs) {'is' if len(listed) == 1 else 'are'} kept in {folder}/"
 
 
 if __name__ == "__main__":
