@@ -5,9 +5,11 @@ on Ctrl-C and Ctrl-D, typed in a terminal."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,12 @@ from cli_processes import (  # noqa: E402
     word_list,
 )
 
-from beamsearch.cli.interrupts import resume_command  # noqa: E402
+from beamsearch.cli.interrupts import (  # noqa: E402
+    Interrupted,
+    resume_command,
+    signals_held,
+    signals_stop_the_run,
+)
 
 STOPPED = re.compile(r"beamsearch: stopped by (SIG[A-Z]+): (\d+) of (\d+) inputs are written in (.+); "
                      r"continue with: (.+)")
@@ -86,6 +93,27 @@ def test_resume_command():
     assert resume_command(["decode", "in.txt", "-o", "o", "--resume"]) == "beamsearch decode in.txt -o o --resume"
     assert resume_command(["decode", "-o", "o", "--", "--overwrite"]) == \
         "beamsearch decode -o o --resume -- --overwrite"  # after --, a file named --overwrite
+
+
+def test_a_signal_while_a_record_is_written_stops_the_run_right_after_it():
+    """In this process: a signal inside ``signals_held`` (a record being written) is raised when the block ends, one
+    outside at once; SIGINT and SIGTERM alike; the handlers before are put back."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    written = []
+    with signals_stop_the_run():
+        with pytest.raises(Interrupted) as stopped:
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # Python runs a handler at the next instruction: it must wait for the block's end
+                written.append("record")
+        assert written == ["record"]
+        assert (stopped.value.signum, stopped.value.status) == (signal.SIGTERM, 143)
+        for _ in range(2):  # every signal stops the run, the second as the first
+            with pytest.raises(Interrupted) as stopped:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+            assert (stopped.value.signum, stopped.value.status) == (signal.SIGINT, 130)
+    assert {signum: signal.getsignal(signum) for signum in before} == before
 
 
 def test_a_signal_while_the_model_loads_leaves_nothing(tmp_path):

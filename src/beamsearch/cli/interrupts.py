@@ -52,20 +52,17 @@ def as_interrupted(error: KeyboardInterrupt) -> Interrupted:
 
 
 class _Handler:
-    """The signal handler while a command runs: raise once, or wait for the end of a held block."""
+    """The signal handler while a command runs: raise, or wait for the end of a held block. Every signal raises (none
+    is ignored after the first), so that a run whose first Interrupted some library swallowed can still be stopped."""
 
     def __init__(self) -> None:
         self.held = 0  # depth of signals_held blocks in progress
         self.pending: int | None = None  # a signal that came during a held block
-        self.raised = False  # the run is already stopping: later signals change nothing
 
     def __call__(self, signum: int, frame: Any) -> None:
-        if self.raised:
-            return
         if self.held:
             self.pending = self.pending or signum
             return
-        self.raised = True
         raise Interrupted(signum)
 
 
@@ -105,9 +102,9 @@ def signals_held() -> Iterator[None]:
         yield
     finally:
         handler.held -= 1
-        if not handler.held and handler.pending is not None and not handler.raised:
-            handler.raised = True
-            raise Interrupted(handler.pending)
+        if not handler.held and handler.pending is not None:
+            signum, handler.pending = handler.pending, None
+            raise Interrupted(signum)
 
 
 def resume_command(argv: Sequence[str]) -> str:
