@@ -7,6 +7,7 @@ and the helpers that do not depend on the release are checked directly.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -59,6 +60,12 @@ def _taken(branch: str) -> bool:
         "GPT-2 attention scale: attention.scaling": hasattr(tiny_model("gpt2").transformer.h[0].attn, "scaling"),
         "GPT-2 attention scale: from config.scale_attn_weights": not hasattr(tiny_model("gpt2").transformer.h[0].attn,
                                                                             "scaling"),
+        "beam reorder: every state name (model._reorder_cache, else reorder_cache, else refused)":
+            "cannot be reordered" in inspect.getsource(GenerationMixin._beam_search),
+        "beam reorder: past_key_values only (other states stay in place)":
+            "cannot be reordered" not in inspect.getsource(GenerationMixin._beam_search),
+        "Mamba state: MambaCache under cache_params (conv_states, ssm_states)": _mamba_cache_is_its_own(),
+        "LFM2 cache: lists with empty placeholders (Lfm2HybridConvCache.key_cache)": _lfm2_cache_lists(),
         "sdpa grouped-query attention: use_gqa_in_sdpa(mask, key, value), else the query packed (pack_gqa)":
             hasattr(sdpa_attention, "pack_gqa") and len(_parameters(sdpa_attention.use_gqa_in_sdpa)) == 3,
         "sdpa grouped-query attention: use_gqa_in_sdpa(mask, key, value), else keys and values repeated":
@@ -70,9 +77,22 @@ def _taken(branch: str) -> bool:
 
 
 def _parameters(function):
-    import inspect
-
     return inspect.signature(function).parameters
+
+
+def _mamba_cache_is_its_own() -> bool:
+    """Whether Mamba's state is its own MambaCache (lists of convolution and SSM states), not a transformers Cache."""
+    from transformers.models.mamba import modeling_mamba
+
+    return hasattr(modeling_mamba, "MambaCache") and "conv_states" in inspect.getsource(modeling_mamba.MambaCache)
+
+
+def _lfm2_cache_lists() -> bool:
+    """Whether LFM2's hybrid cache keeps keys in a list that convolution layers fill with empty placeholders."""
+    from transformers.models.lfm2 import modeling_lfm2
+
+    cache = getattr(modeling_lfm2, "Lfm2HybridConvCache", None)
+    return cache is not None and "self.key_cache = []" in inspect.getsource(cache)
 
 
 @pytest.mark.parametrize("branch", sorted(hf_compat.BRANCHES))

@@ -108,6 +108,13 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
             raise ValueError("exact_parity=True keeps every row to the end: it cannot be combined with "
                              "remove_finished=True")
         toolkit["remove_finished"] = False
+    rows_reason = hf_compat.generate_rows_reason(model)
+    if rows_reason is not None and not exact:  # decoded on generate's rows, as exact_parity=True decodes
+        if toolkit.get("remove_finished"):
+            raise ValueError(f"remove_finished=True cannot decode {type(model).__name__}: {rows_reason}")
+        toolkit["remove_finished"] = False
+        if not (lean["lean_step"] or lean["compile_step"] or lean["share_encoder_state"]):
+            lean["exact_parity"] = True  # (a lean option given names its own refusal)
     # the fast T5 step (and so its encoder) where the options and the model (its gate) allow it: decided once
     fast_reason = "cuda_graphs=True" if cuda_graphs else fast_refusal(model, **lean)
     if lean["lean_step"] == "fast" and fast_reason is not None and not cuda_graphs:  # the graph path refuses it

@@ -34,6 +34,10 @@ BRANCHES = {
     # 5.3 - 5.24, so it re-ran its whole sequence on the cache at every step and parted from generate (next_step).
     "next step: prepare_inputs_for_generation(next_sequence_length=)": ">= 5.3",
     "next step: prepare_inputs_for_generation without next_sequence_length": "4.57 - 5.2",
+    "beam reorder: every state name (model._reorder_cache, else reorder_cache, else refused)": ">= 5.13",
+    "beam reorder: past_key_values only (other states stay in place)": "4.57 - 5.12",
+    "Mamba state: MambaCache under cache_params (conv_states, ssm_states)": "4.57 - 5.4",
+    "LFM2 cache: lists with empty placeholders (Lfm2HybridConvCache.key_cache)": "4.57 - 5.4",
     "cache keyword: cache": ">= 5.24",
     "cache keyword: past_key_values": "4.57 - 5.23",
     "beam sampling: sampled candidates sorted by score": ">= 5.24",
@@ -248,6 +252,87 @@ def update_kwargs(model: Any, outputs: Any, model_kwargs: dict[str, Any]) -> dic
     (4.57 and every 5.x)."""
     return model._update_model_kwargs_for_generation(outputs, model_kwargs,
                                                      is_encoder_decoder=model.config.is_encoder_decoder)
+
+
+# the model kwargs under which the decoding loop keeps a model's state between steps (generate's ALL_CACHE_NAMES, and
+# the cache keyword of 5.24)
+STATE_NAMES = ("past_key_values", "cache", "cache_params", "state", "mems", "past_buckets_states")
+
+# families whose forwards must see the rows generate gives them (each example's prompt on all its beams' rows, and
+# every row to the end): the default runs them as exact_parity=True does
+GENERATE_ROWS = {
+    "recurrent_gemma": "it keeps its recurrent and convolution states in its modules, sized by the rows of the call's "
+                       "prompt, where no reorder reaches them",
+    "rwkv": "its one-token step mixes the rows of a batch (its [N, C] state meets [N, 1, C] hidden states), so each "
+            "row's logits depend on the others'",
+}
+
+
+def generate_rows_reason(model: Any) -> str | None:
+    """Why ``model`` must be decoded on generate's rows (:data:`GENERATE_ROWS`; every release), or None."""
+    return GENERATE_ROWS.get(getattr(model.config, "model_type", None))
+
+
+def select_state_rows(value: Any, index: torch.Tensor) -> Any:
+    """A decoding state with the rows ``index`` (the prompt's rows expanded to the beams, or examples leaving the
+    batch), whatever holds it:
+
+    - a ``Cache`` (every release): its ``reorder_cache``, plus MiniMax's linear-attention states, which its cache keeps
+      beside its layers where ``reorder_cache`` does not reach (``linear_cache``; every release);
+    - Mamba's and FalconMamba's ``MambaCache`` under ``cache_params`` (4.57 - 5.4; a ``Cache`` from 5.5): its lists of
+      convolution and SSM states, and its batch size;
+    - LFM2's hybrid cache of 4.57 - 5.4: its lists of keys, values and convolution states but the empty placeholders
+      (4.57's ``reorder_cache`` selects those too, and fails);
+    - tensors, and lists and tuples of them (RWKV's ``state``).
+    """
+    if isinstance(getattr(value, "conv_cache", None), list) and isinstance(getattr(value, "key_cache", None), list):
+        for name in ("key_cache", "value_cache", "conv_cache"):  # Lfm2HybridConvCache (4.57 - 5.4): 4.57's
+            setattr(value, name, [_rows(state, index) if state.numel() else state  # reorder_cache selects the empty
+                                  for state in getattr(value, name)])  # placeholders of other layers too, and fails
+        return value
+    if hasattr(value, "reorder_cache"):
+        value.reorder_cache(index)
+        linear = getattr(value, "linear_cache", None)
+        if isinstance(linear, list):
+            value.linear_cache = [_rows(state, index) for state in linear]
+        return value
+    if isinstance(getattr(value, "conv_states", None), list) and isinstance(getattr(value, "ssm_states", None), list):
+        value.conv_states = _rows(value.conv_states, index)
+        value.ssm_states = _rows(value.ssm_states, index)
+        value.max_batch_size = index.shape[0]
+        return value
+    return _rows(value, index)
+
+
+@functools.cache
+def _reorders_every_state() -> bool:
+    return version()[:2] >= (5, 13)
+
+
+def _rows(value: Any, index: torch.Tensor) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index.to(value.device))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rows(item, index) for item in value)
+    return value
+
+
+def reorder_beam_state(model: Any, name: str, value: Any, index: torch.Tensor, self_attention_only: bool) -> Any:
+    """A beam search step's reorder of the state under ``name`` (rows within examples), as the installed release's
+    beam search does it: 5.13 and later, under any state name, the model's ``_reorder_cache`` where it has one, else
+    the state's ``reorder_cache``, else ``ValueError`` (transformers' own message); before, ``past_key_values`` only
+    (``_reorder_cache`` first), other states left in place. ``self_attention_only``: an encoder-decoder cache's
+    cross-attention part is equal across an example's beams, so only its self-attention part need move."""
+    if name not in ("past_key_values", "cache") and not _reorders_every_state():
+        return value
+    if hasattr(model, "_reorder_cache"):
+        return model._reorder_cache(value, index)
+    if hasattr(value, "reorder_cache"):
+        part = value.self_attention_cache if self_attention_only and hasattr(value, "self_attention_cache") else value
+        part.reorder_cache(index)
+        return value
+    raise ValueError(f"{type(model).__name__} cannot use beam search with a cache currently, as the cache cannot be "
+                     f"reordered")
 
 
 def _parameters(function: Any) -> Any:

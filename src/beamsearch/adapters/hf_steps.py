@@ -50,21 +50,22 @@ class HFState:
         if not self.prefilled and not self.exact:
             self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
             return self
-        within_examples = index.shape[0] == self.rows and not self.exact
+        beam_step = index.shape[0] == self.rows  # a beam search step's reorder (not an expansion, nor a removal)
         self.rows = index.shape[0]
-        self._gather(index, within_examples=within_examples)
+        self._gather(index, within_examples=beam_step and not self.exact, beam_step=beam_step)
         return self
 
-    def _gather(self, index: torch.Tensor, within_examples: bool) -> None:
+    def _gather(self, index: torch.Tensor, within_examples: bool, beam_step: bool = False) -> None:
         for key, value in list(self.model_kwargs.items()):
             if key == "cache_position" or value is None:
                 continue
-            if hasattr(value, "reorder_cache"):
-                if value.get_seq_length() > 0:
-                    if within_examples and hasattr(value, "self_attention_cache"):
-                        value.self_attention_cache.reorder_cache(index)
-                    else:
-                        value.reorder_cache(index)
+            if key in hf_compat.STATE_NAMES:  # the model's state: moved as the installed release's loop moves it
+                if beam_step:
+                    value = hf_compat.reorder_beam_state(self.model, key, value, index,
+                                                         self_attention_only=within_examples)
+                else:
+                    value = hf_compat.select_state_rows(value, index)
+                self.model_kwargs[key] = value
             elif key == "encoder_outputs":
                 if within_examples or (self.exact and self.prefilled):  # the cross-attention cache holds them
                     continue
@@ -101,7 +102,7 @@ def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState
     attention = None
     if state.return_attention:
         attention = outputs.cross_attentions[-1][:, :, -1, :].mean(dim=1).float()  # [rows, S], heads averaged
-    if expansion is not None:
+    if expansion is not None and expansion.shape[0] > outputs.logits.shape[0]:  # (one row per example: nothing)
         state._gather(expansion, within_examples=False)
         logits = logits.index_select(0, expansion.to(logits.device))  # [N, V]
         attention = None if attention is None else attention.index_select(0, expansion.to(attention.device))
