@@ -50,7 +50,7 @@ test-transformers: $(STAMP)
 # (.ci/torch_env.sh: .venv-torch/VERSION, the registry's build of that release, a few GB; the pinned transformers);
 # the oldest and the newest of the range pyproject.toml declares by default (docs/testing.md lists the runs). Not in
 # CI, whose time allows the pinned release only. VERSIONS="..." names others, as for test-transformers.
-TORCH_VERSIONS ?= 2.13.0 2.15.0
+TORCH_VERSIONS ?= 2.6.0 2.15.0
 
 test-torch: $(STAMP)
 	.ci/test_torch.sh $(if $(filter command line environment,$(origin VERSIONS)),$(VERSIONS),$(TORCH_VERSIONS))

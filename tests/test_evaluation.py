@@ -16,6 +16,12 @@ def test_read_references_keeps_every_reference_and_skips_blank_lines(tmp_path):
         read_references(path)
 
 
+def test_read_references_drops_a_byte_order_mark(tmp_path):
+    path = tmp_path / "refs.tsv"
+    path.write_bytes(b"\xef\xbb\xbfits\tIH1 T S\n")
+    assert read_references(path) == [("its", [["IH1", "T", "S"]])]
+
+
 def test_strip_stress_and_edit_distance_by_hand():
     assert strip_stress(["AH0", "K", "S1", "ER2"]) == ["AH", "K", "S", "ER"]
     assert edit_distance(list("kitten"), list("sitting")) == 3  # k->s, e->i, +g

@@ -15,9 +15,10 @@ Entry = tuple[str, list[list[str]]]
 
 
 def read_references(path: Path | str) -> list[Entry]:
-    """Read ``input<TAB>reference<TAB>reference...`` lines; each reference is split on whitespace."""
+    """Read ``input<TAB>reference<TAB>reference...`` lines; each reference is split on whitespace. A leading UTF-8
+    byte-order mark (as Windows editors save text files) is dropped."""
     out: list[Entry] = []
-    with Path(path).open(encoding="utf-8") as f:
+    with Path(path).open(encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line:

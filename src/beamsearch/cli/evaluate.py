@@ -9,7 +9,7 @@ from pathlib import Path
 from ..evaluation import Entry, read_references, score
 from .decoding import add_ensemble, decode_lines, input_limit, load_model, report_long_inputs
 from .flags import generation_options
-from .inputs import BOM, CLIError, Line
+from .inputs import CLIError, Line
 from .output_claim import check_not_an_input
 from .outputs import progress
 
@@ -83,17 +83,11 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def read_data(path: Path) -> list[Entry]:
-    """``--data``'s inputs and references (:func:`~beamsearch.evaluation.read_references`), the first input without
-    the UTF-8 byte-order mark that a file saved by a Windows editor starts with."""
+    """``--data``'s inputs and references (:func:`~beamsearch.evaluation.read_references`, which drops a leading
+    UTF-8 byte-order mark)."""
     try:
-        entries = read_references(path)
+        return read_references(path)
     except UnicodeDecodeError as e:
         raise CLIError(f"--data {path}: invalid UTF-8 ({e.reason})") from None
     except ValueError as e:
         raise CLIError(str(e)) from None
-    with path.open("rb") as f:
-        starts_with_bom = f.read(len(BOM)) == BOM
-    if starts_with_bom and entries:  # read as the character U+FEFF in front of the first input
-        source, references = entries[0]
-        entries[0] = (source.removeprefix("\ufeff"), references)
-    return entries
