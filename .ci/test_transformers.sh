@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The adapter, parity and exact-parity tests, the architecture sweep and the gate's tests (changed models, PEFT,
-# CUDA-graph eligibility) under each listed transformers release (make test-transformers):
+# The adapter, parity and exact-parity tests, the architecture sweep and the gate's tests (changed models, PEFT)
+# under each listed transformers release (make test-transformers):
 #   .ci/test_transformers.sh 4.57.6 5.12.1 5.24.0
 # Each release runs in its own environment (.ci/transformers_env.sh: that release, the tokenizers and
 # huggingface_hub it pins, and .venv's torch and test tools), its log in .venv-transformers/VERSION/test.log; a
@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 TESTS=(tests/test_hf_compat.py tests/test_hf_adapter.py tests/test_hf_parity.py tests/test_exact_parity.py
        tests/test_allowed_tokens.py tests/test_lean_llama.py tests/test_architectures.py tests/test_gate.py
-       tests/test_changed_models.py tests/test_hf_peft.py tests/test_cuda_graphs.py)
+       tests/test_changed_models.py tests/test_hf_peft.py)
 status=0
 summary=()
 for version in "$@"; do

@@ -89,7 +89,7 @@ for name in ("transformers", "huggingface_hub", "tokenizers", "safetensors", "nu
 try:
     import transformers
 
-    from beamsearch.adapters.hf_compat import untested_message
+    from beamsearch.hf_compat import untested_message
 
     print(untested_message(transformers.__version__) or "transformers release in the tested range")
 except Exception as error:  # noqa: BLE001

@@ -36,12 +36,12 @@ from pathlib import Path
 import torch
 
 import beamsearch
-from beamsearch.adapters.fast_t5 import FastT5State, fast_t5_encode
 from beamsearch.adapters.hf import search_model
-from beamsearch.adapters.hf_gpt2 import LeanGPT2State
-from beamsearch.adapters.hf_llama import LeanLlamaState
-from beamsearch.adapters.hf_steps import default_fast
-from beamsearch.adapters.hf_t5 import LeanT5State
+from beamsearch.steps.chooser import default_fast
+from beamsearch.steps.gpt2.lean import LeanGPT2State
+from beamsearch.steps.llama.lean import LeanLlamaState
+from beamsearch.steps.t5.fast import FastT5State, fast_t5_encode
+from beamsearch.steps.t5.lean import LeanT5State
 
 
 def cut_after_eos(tokens: list[int], eos: int) -> list[int]:

@@ -60,21 +60,21 @@ class Workload:
     @property
     def lean_t5(self) -> bool:
         """Whether beamsearch runs this model with the lean T5 step."""
-        from beamsearch.adapters.hf_t5 import lean_t5_reason
+        from beamsearch.steps.t5.lean import lean_t5_reason
 
         return lean_t5_reason(self.model, {"encoder_outputs": True}, needs_attention=False) is None
 
     @property
     def lean_gpt2(self) -> bool:
         """Whether beamsearch runs this model with the lean GPT-2 step."""
-        from beamsearch.adapters.hf_gpt2 import lean_gpt2_reason
+        from beamsearch.steps.gpt2.lean import lean_gpt2_reason
 
         return lean_gpt2_reason(self.model, {}, needs_attention=False) is None
 
     @property
     def lean_llama(self) -> bool:
         """Whether beamsearch runs this model with the lean Llama step."""
-        from beamsearch.adapters.hf_llama import lean_llama_reason
+        from beamsearch.steps.llama.lean import lean_llama_reason
 
         return lean_llama_reason(self.model, {}, needs_attention=False) is None
 

@@ -104,7 +104,7 @@ class RowCounter:
     """
 
     def __init__(self, model):
-        from beamsearch.adapters.fast_t5 import FastT5State
+        from beamsearch.steps.t5.fast import FastT5State
 
         self.rows: list[int] = []
         self.handle = model.get_output_embeddings().register_forward_pre_hook(self.record)
@@ -122,7 +122,7 @@ class RowCounter:
         self.rows.append(args[0].shape[0])
 
     def close(self):
-        from beamsearch.adapters.fast_t5 import FastT5State
+        from beamsearch.steps.t5.fast import FastT5State
 
         self.handle.remove()
         FastT5State.decode = self.fast_decode

@@ -33,7 +33,7 @@ from tiny_architectures import ARCHITECTURES, FIRST_PLAIN, missing_reason, padde
 from tiny_hf import assert_generate_equivalent
 
 import beamsearch
-from beamsearch.adapters import hf_compat
+from beamsearch import hf_compat
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,10 +12,10 @@ from parity_grid import assert_case_equivalent, random_case, run_both
 from tiny_hf import assert_equals_generate, fresh, inputs, tiny_model
 
 import beamsearch
-from beamsearch.adapters.fast_t5 import FAST_T5
-from beamsearch.adapters.hf_gpt2 import LEAN_GPT2
-from beamsearch.adapters.hf_llama import LEAN_LLAMA
-from beamsearch.adapters.hf_t5 import LEAN_T5
+from beamsearch.steps.gpt2.lean import LEAN_GPT2
+from beamsearch.steps.llama.lean import LEAN_LLAMA
+from beamsearch.steps.t5.fast import FAST_T5
+from beamsearch.steps.t5.lean import LEAN_T5
 
 LEAN = {"t5": LEAN_T5, "gpt2": LEAN_GPT2, "llama": LEAN_LLAMA, "qwen2": LEAN_LLAMA, "mistral": LEAN_LLAMA}
 STATES = {"t5": "LeanT5State", "gpt2": "LeanGPT2State", "llama": "LeanLlamaState", "qwen2": "LeanLlamaState",

@@ -9,7 +9,7 @@ from numerics import assert_scores_close
 from tiny_hf import tiny_model
 
 import beamsearch
-from beamsearch.adapters import hf_steps
+from beamsearch.steps import chooser
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,7 +24,7 @@ def compiled(monkeypatch):
         calls.append((function, kwargs))
         return original(function, **kwargs)
 
-    monkeypatch.setattr(hf_steps.torch, "compile", recording)
+    monkeypatch.setattr(chooser.torch, "compile", recording)
     return calls
 
 
@@ -55,7 +55,7 @@ def test_compiled_lean_step_decodes_like_the_lean_step(name: str, mode, compiled
         assert torch.equal(fast.sequences, eager.sequences)
         assert_scores_close(fast.sequences_scores, eager.sequences_scores)
     dynamic = None if mode == "static" else True  # static: shapes fixed until the rows change
-    want = {"dynamic": dynamic, **hf_steps.compile_options()}  # scalar kernels under ATEN_CPU_CAPABILITY=default
+    want = {"dynamic": dynamic, **chooser.compile_options()}  # scalar kernels under ATEN_CPU_CAPABILITY=default
     assert len(compiled) == 2 and all(kwargs == want for _, kwargs in compiled)
     assert all(getattr(function, "__name__", "") == "decode" for function, _ in compiled)
 
@@ -69,7 +69,7 @@ def test_static_step_compiles_once_per_row_count(name: str, graphs: int, monkeyp
     from torch._dynamo.utils import counters
 
     original = torch.compile
-    monkeypatch.setattr(hf_steps.torch, "compile",
+    monkeypatch.setattr(chooser.torch, "compile",
                         lambda function, **kwargs: original(function, **dict(kwargs, dynamic=False)))
     model = tiny_model(name)
     kwargs = dict(_inputs(model, 3, seed=2), num_beams=3, max_new_tokens=9, min_new_tokens=9)
@@ -111,4 +111,4 @@ def test_inductor_follows_atens_vector_width(capability, options, monkeypatch) -
         monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     else:
         monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
-    assert hf_steps.compile_options() == options
+    assert chooser.compile_options() == options

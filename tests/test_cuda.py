@@ -594,7 +594,7 @@ def test_cuda_graphs_capture_once_per_shape_and_sync_only_between_steps(graphs, 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_cuda_graphs_nan_names_the_step_and_the_example_on_the_device(graphs, monkeypatch, num_beams):
-    from beamsearch.graphs.t5 import GraphT5
+    from beamsearch.steps.t5.graph import GraphT5
 
     original = GraphT5.decode
 

@@ -28,7 +28,7 @@ from beamsearch import SearchError
 from beamsearch.adapters.hf import search_model
 from beamsearch.graphs import driver
 from beamsearch.graphs.runner import WholeStep
-from beamsearch.graphs.t5 import GraphT5
+from beamsearch.steps.t5.graph import GraphT5
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""The fast T5 step (``lean_step="fast"``, ``adapters/fast_t5.py``): the same model computed in another order,
+"""The fast T5 step (``lean_step="fast"``, ``steps/t5/fast.py``): the same model computed in another order,
 so its logits and encoder output equal the lean step's and transformers' to float rounding (never bitwise: other
 kernels), its searches equal on the embedded G2P model's words, its int8 variant agrees, and it refuses clearly."""
 
@@ -11,11 +11,11 @@ import torch
 from tiny_hf import T5_VOCAB, record_t5_states
 from tiny_hf import random_t5 as t5
 
-from beamsearch.adapters import fast_t5
 from beamsearch.adapters.hf import search_model
-from beamsearch.adapters.hf_t5 import LeanT5State
-from beamsearch.adapters.lean_cache import StackedTimeMajorCache
 from beamsearch.quantize import quantize_int8
+from beamsearch.steps.caches import StackedTimeMajorCache
+from beamsearch.steps.t5 import fast as fast_t5
+from beamsearch.steps.t5.lean import LeanT5State
 
 transformers = pytest.importorskip("transformers")
 
@@ -304,7 +304,7 @@ def test_the_fast_encoder_runs_with_generation_options(monkeypatch):
 def test_the_fast_default_is_for_the_cpu():
     """Off the CPU the default is the lean step (the fast step is built and measured for CPU kernels); a model on
     the meta device stands in for a GPU here."""
-    from beamsearch.adapters.hf_steps import default_fast, fast_capable
+    from beamsearch.steps.chooser import default_fast, fast_capable
 
     model = t5(False, False)
     assert default_fast(model)

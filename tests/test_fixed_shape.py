@@ -20,7 +20,7 @@ from test_lean_t5 import t5
 from tiny_hf import assert_generate_equivalent, compare_lean_steps, left_padded_inputs
 
 import beamsearch
-from beamsearch.adapters import hf_steps
+from beamsearch.steps import chooser
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,7 +31,7 @@ DECODER_VOCAB, DECODER_PAD = 50, 2  # test_lean_gpt2's and test_lean_llama's
 def attended(monkeypatch) -> list[tuple[int, ...]]:
     """``compile_step="static"`` runs uncompiled; returns the shapes ``[N, heads, T, d]`` of the keys every
     self-attention read."""
-    from beamsearch.adapters.lean_cache import TimeMajorCache
+    from beamsearch.steps.caches import TimeMajorCache
 
     read = []
     original = TimeMajorCache.write
@@ -42,7 +42,7 @@ def attended(monkeypatch) -> list[tuple[int, ...]]:
         return keys, values
 
     monkeypatch.setattr(TimeMajorCache, "write", recording)
-    monkeypatch.setattr(hf_steps.torch, "compile", lambda function, **kwargs: function)
+    monkeypatch.setattr(chooser.torch, "compile", lambda function, **kwargs: function)
     return read
 
 
@@ -73,7 +73,7 @@ def test_decoder_only_equals_transformers(case: int, name: str, implementation: 
 def test_t5_with_finished_examples_and_growth(attended) -> None:
     """Examples leaving the batch (their zeroed cache rows gathered) and a cache doubling past its capacity keep
     the fixed-shape step equal to the lean step (tokens; logits within the tolerance)."""
-    from beamsearch.adapters.hf_t5 import LeanT5State
+    from beamsearch.steps.t5.lean import LeanT5State
 
     model = t5(seed=9)
     with torch.no_grad():
@@ -114,8 +114,8 @@ def test_decoder_only_steps_follow_the_model_forward(name: str, implementation: 
     more than the 1e-6 (relative) allowed here. Llama's eager attention takes its softmax in float32 whatever the
     dtype (as transformers' does; in float64 its padded prompts even give NaN, in the model's forward too), so that
     case runs in float32 within the score tolerance."""
-    from beamsearch.adapters.hf_gpt2 import LeanGPT2State, lean_gpt2_step
-    from beamsearch.adapters.hf_llama import LeanLlamaState, lean_llama_step
+    from beamsearch.steps.gpt2.lean import LeanGPT2State, lean_gpt2_step
+    from beamsearch.steps.llama.lean import LeanLlamaState, lean_llama_step
 
     state_class, step = (LeanGPT2State, lean_gpt2_step) if name == "gpt2" else (LeanLlamaState, lean_llama_step)
     float32 = (name, implementation) == ("llama", "eager")

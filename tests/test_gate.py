@@ -7,12 +7,14 @@ import pytest
 import torch
 from tiny_hf import fresh, random_t5
 
-from beamsearch.adapters.fast_t5 import FAST_T5
-from beamsearch.adapters.hf_gpt2 import LEAN_GPT2
-from beamsearch.adapters.hf_llama import LEAN_LLAMA
-from beamsearch.adapters.hf_t5 import LEAN_T5
-from beamsearch.graphs.driver import GRAPH_GPT2, GRAPH_LLAMA, GRAPH_T5
 from beamsearch.steps.gate import WeightStamp, checksum, refusal
+from beamsearch.steps.gpt2.graph import GRAPH_GPT2
+from beamsearch.steps.gpt2.lean import LEAN_GPT2
+from beamsearch.steps.llama.graph import GRAPH_LLAMA
+from beamsearch.steps.llama.lean import LEAN_LLAMA
+from beamsearch.steps.t5.fast import FAST_T5
+from beamsearch.steps.t5.graph import GRAPH_T5
+from beamsearch.steps.t5.lean import LEAN_T5
 
 PLANS = {"t5": (LEAN_T5, FAST_T5, GRAPH_T5), "gpt2": (LEAN_GPT2, GRAPH_GPT2),
          "llama": (LEAN_LLAMA, GRAPH_LLAMA), "qwen2": (LEAN_LLAMA, GRAPH_LLAMA), "mistral": (LEAN_LLAMA, GRAPH_LLAMA)}

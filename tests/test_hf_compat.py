@@ -1,4 +1,4 @@
-"""The compatibility module (adapters/hf_compat.py): each branch against the installed transformers release.
+"""The compatibility module (beamsearch/hf_compat.py): each branch against the installed transformers release.
 
 ``make test-transformers`` runs this module under every tested release (docs/testing.md), so each branch is taken
 by the releases its table entry names; here the branch the installed release takes is checked against the table,
@@ -15,7 +15,7 @@ import torch
 from tiny_hf import random_inputs, tiny_model
 
 import beamsearch
-from beamsearch.adapters import hf_compat
+from beamsearch import hf_compat
 
 transformers = pytest.importorskip("transformers")
 RELEASE = hf_compat.version()

@@ -1,4 +1,4 @@
-"""The lean GPT-2 step (``adapters/hf_gpt2.py``): logits those of the model's forward with its cache, generate()
+"""The lean GPT-2 step (``steps/gpt2/lean.py``): logits those of the model's forward with its cache, generate()
 equal to transformers and to the generic step, finished examples leaving, and clear refusals. The lean cache has
 other shapes than transformers', so scores are compared within the score tolerance (docs/testing.md)."""
 
@@ -18,7 +18,7 @@ from tiny_hf import (
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
-from beamsearch.adapters import hf_steps
+from beamsearch.steps import chooser
 
 transformers = pytest.importorskip("transformers")
 
@@ -71,7 +71,7 @@ def test_lean_step_equals_transformers(case: int, implementation: str, padded: b
 def test_step_logits_are_those_of_the_model_forward(implementation: str, padded: bool) -> None:
     """Each step's logits equal the model's forward with its cache (within the tolerance), rows reordered within their
     examples between steps; the state starts with room for the prompt and one position and grows past them."""
-    from beamsearch.adapters.hf_gpt2 import LeanGPT2State, lean_gpt2_step
+    from beamsearch.steps.gpt2.lean import LeanGPT2State, lean_gpt2_step
 
     ids, mask = inputs(3, seed=11, length=7, padded=padded)
     logits, expected, state = compare_lean_steps(gpt2(implementation, seed=11), LeanGPT2State, lean_gpt2_step, ids,
@@ -84,12 +84,12 @@ def test_step_logits_are_those_of_the_model_forward(implementation: str, padded:
 def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> None:
     """A long prompt and several beams: the reorders within examples skip the prompt positions, and the results
     equal the generic step's (``lean_step=False``), which does not run the lean step."""
-    from beamsearch.adapters.hf_gpt2 import LeanGPT2State
+    from beamsearch.steps.gpt2.lean import LeanGPT2State
 
     model = gpt2(seed=3)
     ids, mask = inputs(4, seed=3, length=30)
     calls, within = [], []
-    original_step, original_within = hf_steps.lean_gpt2_step, LeanGPT2State._within_examples
+    original_step, original_within = chooser.lean_gpt2_step, LeanGPT2State._within_examples
 
     def counting(tokens, state):
         calls.append(tokens.shape)
@@ -99,7 +99,7 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(monkeypatch) -> No
         within.append(original_within(state, index))
         return within[-1]
 
-    monkeypatch.setattr(hf_steps, "lean_gpt2_step", counting)
+    monkeypatch.setattr(chooser, "lean_gpt2_step", counting)
     monkeypatch.setattr(LeanGPT2State, "_within_examples", recording)
     kwargs = dict(num_beams=4, max_new_tokens=12)
     lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)

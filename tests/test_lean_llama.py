@@ -1,4 +1,4 @@
-"""The lean Llama step (``adapters/hf_llama.py``), on Llama and on the models whose layers are Llama's (Qwen2, with
+"""The lean Llama step (``steps/llama/lean.py``), on Llama and on the models whose layers are Llama's (Qwen2, with
 the biases of its query, key and value products; Mistral without a sliding window): logits those of the model's
 forward with its cache (grouped-query, multi-query and multi-head attention; sdpa and eager; the tested rotary
 types), generate() equal to transformers and to the generic step, finished examples leaving, batch invariance, half
@@ -24,8 +24,9 @@ from tiny_hf import (
 )
 
 import beamsearch
+from beamsearch import hf_compat
 from beamsearch.adapters import hf as hf_adapter
-from beamsearch.adapters import hf_compat, hf_steps
+from beamsearch.steps import chooser
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,7 +82,7 @@ def inputs(batch: int, seed: int = 0, length: int = 9, padded: bool = True):
 def compare_steps(model, padded: bool):
     """Lean and reference logits ``[steps + 1, N, V]`` for 3 examples of 3 rows, and the lean state; the reference
     runs the prompt once per example (see compare_lean_steps)."""
-    from beamsearch.adapters.hf_llama import LeanLlamaState, lean_llama_step
+    from beamsearch.steps.llama.lean import LeanLlamaState, lean_llama_step
 
     ids, mask = inputs(3, seed=11, length=7, padded=padded)
     return compare_lean_steps(model, LeanLlamaState, lean_llama_step, ids, mask, VOCAB, padded,
@@ -158,12 +159,12 @@ def test_lean_step_equals_transformers(arch: str, case: int, implementation: str
 def test_lean_step_is_the_default_and_equals_the_generic_step(arch: str, monkeypatch) -> None:
     """A long prompt and several beams: the default runs the lean step, whose reorders within examples skip the
     prompt positions; the results equal the generic step's (``lean_step=False``), which does not run it."""
-    from beamsearch.adapters.hf_llama import LeanLlamaState
+    from beamsearch.steps.llama.lean import LeanLlamaState
 
     model = llama(seed=3, arch=arch)
     ids, mask = inputs(4, seed=3, length=30)
     calls, within = [], []
-    original_step, original_within = hf_steps.lean_llama_step, LeanLlamaState._within_examples
+    original_step, original_within = chooser.lean_llama_step, LeanLlamaState._within_examples
 
     def counting(tokens, state):
         assert isinstance(state, LeanLlamaState)
@@ -174,7 +175,7 @@ def test_lean_step_is_the_default_and_equals_the_generic_step(arch: str, monkeyp
         within.append(original_within(state, index))
         return within[-1]
 
-    monkeypatch.setattr(hf_steps, "lean_llama_step", counting)
+    monkeypatch.setattr(chooser, "lean_llama_step", counting)
     monkeypatch.setattr(LeanLlamaState, "_within_examples", recording)
     kwargs = dict(num_beams=4, max_new_tokens=12)
     lean = hf_adapter.search_model(model, input_ids=ids, attention_mask=mask, **kwargs)
@@ -224,7 +225,7 @@ def test_half_precision_equals_transformers(arch: str, dtype: torch.dtype, imple
 
 def test_the_tiny_shared_model_runs_the_lean_step() -> None:
     """``tiny_model("llama")`` (2 heads sharing 1 key/value head, the other test modules' model) is eligible."""
-    from beamsearch.adapters.hf_llama import lean_llama_reason
+    from beamsearch.steps.llama.lean import lean_llama_reason
 
     model = tiny_model("llama")
     assert lean_llama_reason(model, {}, needs_attention=False) is None
@@ -239,7 +240,7 @@ def test_the_tiny_shared_model_runs_the_lean_step() -> None:
 def test_lean_step_refusals() -> None:
     """Each ineligible model or call: the reason (``lean_step=True`` raises with it), and the default falls back to
     the generic step, which still equals transformers."""
-    from beamsearch.adapters.hf_llama import lean_llama_reason
+    from beamsearch.steps.llama.lean import lean_llama_reason
 
     ids, mask = inputs(2)
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)

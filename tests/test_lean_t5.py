@@ -1,4 +1,4 @@
-"""The lean T5 step (``adapters/hf_t5.py``): equal to transformers and to the generic step, encoder state
+"""The lean T5 step (``steps/t5/lean.py``): equal to transformers and to the generic step, encoder state
 shared by an example's beams, and a clear refusal where it cannot run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tiny_hf import random_t5 as t5
 
 import beamsearch
 from beamsearch.adapters import hf as hf_adapter
-from beamsearch.adapters import hf_steps
+from beamsearch.steps import chooser
 
 transformers = pytest.importorskip("transformers")
 
@@ -114,14 +114,14 @@ def test_encoder_state_is_flat_in_beams(monkeypatch, early_stopping) -> None:
         model.lm_head.weight[1] *= 1.5
     ids, mask = inputs(4, seed=6)
     rows = {}
-    original = hf_steps.lean_t5_step
+    original = chooser.lean_t5_step
 
     def recording(tokens, state):
         out = original(tokens, state)
         rows.setdefault(tokens.shape[0], tuple(state.cross_keys[0].shape))  # after the step: expanded or not
         return out
 
-    monkeypatch.setattr(hf_steps, "lean_t5_step", recording)
+    monkeypatch.setattr(chooser, "lean_t5_step", recording)
     for beams in (1, 6):
         kwargs = dict(num_beams=beams, max_new_tokens=16, do_sample=False, early_stopping=early_stopping,
                       return_dict_in_generate=True, output_scores=beams == 1)
@@ -148,7 +148,7 @@ def test_cache_grows_past_its_capacity() -> None:
     """A state sized for 2 positions decoding 7 (a caller's stopping rule beyond max_length) doubles its
     buffers and gives the logits of a state sized for all of them (within the tolerance: the attention runs over
     buffers of other sizes)."""
-    from beamsearch.adapters.hf_t5 import LeanT5State
+    from beamsearch.steps.t5.lean import LeanT5State
 
     model = t5(seed=10)
     ids, mask = inputs(3, seed=10)

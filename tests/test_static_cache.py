@@ -13,9 +13,10 @@ import pytest
 import torch
 from numerics import assert_scores_close
 
-from beamsearch.graphs.attention import additive, attend, group_mask
-from beamsearch.graphs.buckets import bucket_size, pad_examples, padding_index, real_examples
-from beamsearch.graphs.static_cache import StaticCache
+from beamsearch.graphs.buckets import bucket_size, real_examples
+from beamsearch.steps.attention import additive, attend, group_mask
+from beamsearch.steps.caches import StaticCache
+from beamsearch.steps.padding import pad_examples, padding_index
 
 B, K, T, G, D = 3, 4, 7, 2, 5  # examples, slots, capacity, heads, head size
 

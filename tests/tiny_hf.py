@@ -118,16 +118,16 @@ def reference_generate(model, **kwargs):
 def record_t5_states(monkeypatch) -> list[str]:
     """The type name of the state each T5 step is given, appended as the adapter's T5 step function runs (the lean
     and the fast step share it): which step a call chose."""
-    from beamsearch.adapters import hf_steps
+    from beamsearch.steps import chooser
 
     states: list[str] = []
-    original = hf_steps.lean_t5_step
+    original = chooser.lean_t5_step
 
     def recording(tokens, state):
         states.append(type(state).__name__)
         return original(tokens, state)
 
-    monkeypatch.setattr(hf_steps, "lean_t5_step", recording)
+    monkeypatch.setattr(chooser, "lean_t5_step", recording)
     return states
 
 
@@ -189,7 +189,7 @@ def assert_finished_examples_leave(monkeypatch, model, ids: torch.Tensor, mask: 
     from numerics import assert_scores_close
 
     from beamsearch.adapters import hf as hf_adapter
-    from beamsearch.adapters.lean_cache import TimeMajorCache
+    from beamsearch.steps.caches import TimeMajorCache
 
     shrinks = []
     original = TimeMajorCache.gather_rows

@@ -39,11 +39,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
 
 import beamsearch
-from beamsearch.adapters.hf_llama import LeanLlamaState
-from beamsearch.graphs.attention import additive, attend, group_mask
 from beamsearch.graphs.beam import GraphBeamSearch
-from beamsearch.graphs.llama import GraphLlama
-from beamsearch.graphs.static_cache import StaticCache
+from beamsearch.steps.attention import additive, attend, group_mask
+from beamsearch.steps.caches import StaticCache
+from beamsearch.steps.llama.graph import GraphLlama
+from beamsearch.steps.llama.lean import LeanLlamaState
 
 PAD, EOS, BOS = 0, 1, 3
 ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,

@@ -2,8 +2,9 @@
 
 This module runs a call: :mod:`.hf_inputs` prepares the inputs as ``model.generate`` does (the model's own
 preparation methods, in its order), :mod:`.hf_options` translates the generation config and the call's
-arguments into search options, :mod:`.hf_steps` picks the step (a lean T5 / GPT-2 / Llama step, or the generic
-one), and :func:`beamsearch.search` decodes; ``max_rows`` splits the batch into sub-batches here.
+arguments into search options, :mod:`beamsearch.steps.chooser` picks the step (the fast T5 step, a lean T5 / GPT-2
+/ Llama step, or the generic one), and :func:`beamsearch.search` decodes; ``max_rows`` splits the batch into
+sub-batches here.
 """
 
 from __future__ import annotations
@@ -13,20 +14,19 @@ from typing import Any
 
 import torch
 
+from .. import hf_compat
 from ..engine import search
 from ..errors import SearchError
 from ..graphs.driver import graph_search
-from ..graphs.eligibility import check_graph_call
 from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
+from ..steps.chooser import check_graph_call, fast_call_reason, fast_refusal, model_step
+from ..steps.t5.fast import fast_encoder
 from ..streaming import streamer_listener
-from . import hf_compat
-from .fast_t5 import fast_encoder
 from .hf_inputs import REJECTED_ARGUMENTS, encode_as_generate, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
 from .hf_peft import base_model
-from .hf_steps import fast_call_reason, fast_refusal, model_step
 
 hf_compat.warn_if_untested()  # once, naming the tested releases, where another is installed
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from .. import hf_compat
 from ..options import SEARCH_ARGUMENTS, UNSUPPORTED_OPTIONS, is_neutral
-from . import hf_compat
 
 # generate() arguments that change results and that we do not implement.
 REJECTED_ARGUMENTS = (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..hf_compat import special_token, version
 from ..options import TOOLKIT_OPTIONS, SearchOptions, apply_preset
-from .hf_compat import special_token, version
 
 _SEARCH_FIELDS = tuple(f.name for f in dataclasses.fields(SearchOptions))
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from ..adapters.hf import search_model
-from ..adapters.hf_steps import fast_capable
 from ..errors import SearchError
+from ..steps.chooser import fast_capable
 from .flags import generation_options
 from .inputs import CLIError, Line
 from .lengths import CutCount, capped, count_cut, mark_source_limit, source_tied_limit

@@ -6,6 +6,8 @@ The padding examples are decoded like the others but count as finished from the 
 going and are cut from the result. Inside a bucket finished examples are masked, not compacted (their rows keep
 being computed, their results frozen), so the shapes never change during a call.
 
+Which example fills each extra place (the last one) is the model state's side, ``steps/padding.py``.
+
 Legend: B examples of the call, B' the bucket (examples decoded), K rows per example.
 """
 
@@ -27,20 +29,6 @@ def bucket_size(examples: int) -> int:
     while size < examples:
         size *= 2
     return size
-
-
-def padding_index(examples: int, bucket: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """LongTensor ``[B']``: the call's example that fills each place of the bucket (the last one repeated)."""
-    if bucket < examples:
-        raise ValueError(f"a bucket of {bucket} examples cannot hold {examples}")
-    return torch.arange(bucket, device=device).clamp(max=examples - 1)
-
-
-def pad_examples(tensor: torch.Tensor | None, bucket: int) -> torch.Tensor | None:
-    """``tensor [B, ...]`` -> ``[B', ...]``, the last example repeated (None stays None)."""
-    if tensor is None or tensor.shape[0] == bucket:
-        return tensor
-    return tensor.index_select(0, padding_index(tensor.shape[0], bucket, tensor.device))
 
 
 def real_examples(examples: int, bucket: int, device: torch.device | str = "cpu") -> torch.Tensor:

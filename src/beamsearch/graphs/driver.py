@@ -1,13 +1,13 @@
 """The graph path's driver (``beamsearch.generate(..., cuda_graphs=True)``): one whole step per replay.
 
 The eager path is the engine's loop (``loop.py``: step -> strategy -> reorder, one host check per step). This
-driver replaces it for a call the graph path can run (``eligibility.py``):
+driver replaces it for a call the graph path can run (``steps/chooser.check_graph_call``):
 
 1. the options become processors and stopping criteria as in the eager search (``build_processors``, the same
    combination checks), then their graph-safe forms (``processors.py``);
 2. the batch is padded to a row bucket (``buckets.py``) and the model state is built once, with every tensor a step
-   touches: a :class:`~.t5.GraphT5`, :class:`~.gpt2.GraphGPT2` or :class:`~.llama.GraphLlama` (the prompt or the
-   decoder's start tokens run here, eagerly), and the strategy's pools (:class:`~.greedy.GraphGreedy`,
+   touches: the graph-safe step the chooser picks (``steps/chooser.graph_state``: T5, GPT-2 or Llama; the prompt or
+   the decoder's start tokens run here, eagerly), and the strategy's pools (:class:`~.greedy.GraphGreedy`,
    :class:`~.beam.GraphBeamSearch`);
 3. :class:`~.runner.StepRunner` runs :class:`~.runner.WholeStep` (model, processors, selection, parent index) up
    to the length limit: on CUDA captured once and replayed; elsewhere eagerly, the same Python. A captured step is
@@ -27,32 +27,21 @@ from typing import Any
 
 import torch
 
-from ..adapters.hf_gpt2 import LEAN_GPT2, LeanGPT2State, lean_gpt2_reason
-from ..adapters.hf_llama import LEAN_LLAMA, LeanLlamaState, lean_llama_reason
-from ..adapters.hf_t5 import LEAN_T5, lean_t5_reason
 from ..options import SearchOptions
 from ..processors import build_processors
 from ..results import SearchResult
+from ..steps.chooser import check_graph_call, graph_state
+from ..steps.padding import pad_examples
 from ..stopping import build_stopping_criteria
 from ..strategies.base import StepTrace
 from ..strategies.registry import Request, check
 from ..strategies.score_checks import check_enough_hypotheses
 from .beam import GraphBeamSearch
-from .buckets import bucket_size, pad_examples, real_examples
-from .eligibility import check_graph_call
-from .gpt2 import GraphGPT2
+from .buckets import bucket_size, real_examples
 from .greedy import GraphGreedy
-from .llama import GraphLlama
 from .processors import graph_processors
 from .reuse import KeptStep, forget, keep, kept_step, load, reuse_key
 from .runner import StepRunner, WholeStep
-from .t5 import GraphT5
-
-# the gates of the graph-safe steps: the lean steps' plans, strict (a graph replays what it recorded once, so no hook
-# and no module from outside torch and transformers anywhere in the model)
-GRAPH_T5 = LEAN_T5.captured("the graph-safe T5 step")
-GRAPH_GPT2 = LEAN_GPT2.captured("the graph-safe GPT-2 step")
-GRAPH_LLAMA = LEAN_LLAMA.captured("the graph-safe Llama step")
 
 CHECK_EVERY = 4  # captured steps between two reads of the device's flags
 EAGER_CHECK_EVERY = 1  # uncaptured (a CPU): a read costs nothing there, so every step
@@ -70,7 +59,7 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
         options: the search options.
         fill_token_id: what returned sequences are filled with.
         logits_processor, stopping_criteria, arguments, step_options: the call's other arguments, refused where
-            the graph path cannot run them (``eligibility.check_graph_call``).
+            the graph path cannot run them (``steps/chooser.check_graph_call``).
         capture: capture a CUDA graph; default: on a CUDA device.
 
     Raises:
@@ -92,7 +81,7 @@ def graph_search(model: Any, setup: dict[str, Any], config: Any, options: Search
         capture = captures(input_ids.device)
     key = reuse_key(model, setup, options, fill_token_id, bucket, rows, capacity) if keeps_steps(capture) else None
     kept = None if key is None else kept_step(key, model)
-    state = model_state(model, setup, config, rows, capacity, bucket, None if kept is None else kept.step.model.cache)
+    state = graph_state(model, setup, config, rows, capacity, bucket, None if kept is None else kept.step.model.cache)
     search = _strategy(options, pad_examples(input_ids, bucket), rows, max_length, fill_token_id,
                        graph_processors(processors, vocab, input_ids.device), real_examples(examples, bucket,
                                                                                             input_ids.device))
@@ -169,34 +158,3 @@ def run_steps(step: WholeStep, runner: StepRunner, steps: int, every: int, first
         if done % every == 0 or done == steps:
             going = step.search.flags.read()
     return done
-
-
-def model_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capacity: int, bucket: int,
-                cache: Any = None) -> Any:
-    """The graph-safe model state of the call, for a bucket of ``bucket`` examples of ``rows`` rows each, its cache
-    of ``capacity`` positions (``cache``: a kept one to fill, or None for a new one).
-
-    Raises:
-        ValueError: the model is not one the graph path runs, or this call is not one its lean step takes (why).
-    """
-    kwargs, input_ids = setup["model_kwargs"], setup["input_ids"]
-    model_type = getattr(model.config, "model_type", None)
-    if model_type == "gpt2":
-        reason = lean_gpt2_reason(model, kwargs, False, plan=GRAPH_GPT2)
-        if reason is None:
-            lean = LeanGPT2State(model, kwargs, config, input_ids.shape[1] + 1)
-            return GraphGPT2(lean, input_ids, bucket, rows, capacity, cache)
-    elif model_type == "llama":
-        reason = lean_llama_reason(model, kwargs, False, plan=GRAPH_LLAMA)
-        if reason is None:
-            lean = LeanLlamaState(model, kwargs, config, input_ids.shape[1] + 1)
-            return GraphLlama(lean, input_ids, bucket, rows, capacity, cache)
-    else:
-        reason = lean_t5_reason(model, kwargs, False, plan=GRAPH_T5)
-        if reason is None:
-            hidden = pad_examples(kwargs["encoder_outputs"].last_hidden_state, bucket)
-            state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows, capacity, cache)
-            state.prime(pad_examples(input_ids, bucket))
-            return state
-    raise ValueError(f"cuda_graphs=True runs T5, GPT-2 and Llama models through a graph-safe step, which cannot run "
-                     f"this call: {reason}")

@@ -1,12 +1,12 @@
 """The processors a captured step can run: the built-in ones that depend only on the length so far.
 
-The search's processors (``processors/pipeline.py``'s :func:`build_processors`, so the same list in the same
-order as ``generate``) read the length from ``input_ids.shape[-1]``, a host integer, which a captured step cannot
-change. Each processor of this table is translated into one that reads the length from a 0-d tensor, the tokens
-from the fixed ``[N, L]`` buffer, and masks with tensors prepared before the search; any other processor is refused
-(the driver refuses the options that make them first, by name: ``eligibility.py``). The arithmetic is the eager
-processors': -inf where masked, a forced token 0 at its ids and -inf elsewhere, the source-tied limit's
-``scores + only_eos``, the loop guard's windows (each period's fixed window, valid once enough tokens are there).
+The search's processors (``processors/pipeline.py``'s :func:`build_processors`, so the same list in the same order as
+``generate``) read the length from ``input_ids.shape[-1]``, a host integer, which a captured step cannot change. Each
+processor of this table is translated into one that reads the length from a 0-d tensor, the tokens from the fixed ``[N,
+L]`` buffer, and masks with tensors prepared before the search; any other processor is refused (the driver refuses the
+options that make them first, by name: ``steps/chooser.check_graph_call``). The arithmetic is the eager processors':
+-inf where masked, a forced token 0 at its ids and -inf elsewhere, the source-tied limit's ``scores + only_eos``, the
+loop guard's windows (each period's fixed window, valid once enough tokens are there).
 
 Legend: N rows, V vocabulary, L = max_length (the token buffer's width).
 """

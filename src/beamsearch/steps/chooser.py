@@ -1,6 +1,10 @@
-"""Step selection for the Hugging Face adapter: the fast T5 step where it applies, else the lean T5 / GPT-2 / Llama
-steps, else the generic step that calls ``model(...)`` with the cache transformers made, reordered through its own
-API.
+"""The chooser: which step runs a call, the gate (``gate.py``) asked first.
+
+Eager calls (:func:`model_step`): the fast T5 step where it applies, else the lean T5 / GPT-2 / Llama / Qwen2 /
+Mistral step, else the generic step (``generic.py``) that calls ``model(...)`` with the cache transformers made.
+Captured calls (``cuda_graphs=True``; :func:`check_graph_call`, then :func:`graph_state`): the graph-safe T5, GPT-2
+or Llama step, or a refusal that names why. docs/steps.md has the whole table (architecture x device x dtype x
+options -> step) and how to add an architecture.
 
 Legend: B batch, K rows per example, N = B*K, V vocabulary, t tokens so far.
 """
@@ -13,104 +17,20 @@ from typing import Any
 
 import torch
 
-from ..steps.gate import refusal
-from . import hf_compat
-from .fast_t5 import FAST_T5, FastT5State, fast_t5_reason, is_int8
-from .hf_gpt2 import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
-from .hf_llama import MODELS as LLAMA_LIKE
-from .hf_llama import LeanLlamaState, lean_llama_reason, lean_llama_step
-from .hf_t5 import LeanT5State, lean_t5_reason, lean_t5_step
+from ..options import SearchOptions
+from .gate import refusal
+from .generic import HFState, hf_step, request_cross_attention
+from .gpt2.graph import GRAPH_GPT2, GraphGPT2
+from .gpt2.lean import LeanGPT2State, lean_gpt2_reason, lean_gpt2_step
+from .llama.graph import GRAPH_LLAMA, GraphLlama
+from .llama.lean import MODELS as LLAMA_LIKE
+from .llama.lean import LeanLlamaState, lean_llama_reason, lean_llama_step
+from .padding import pad_examples
+from .t5.fast import FAST_T5, FastT5State, fast_t5_reason, is_int8
+from .t5.graph import GRAPH_T5, GraphT5
+from .t5.lean import LeanT5State, lean_t5_reason, lean_t5_step
 
 LOG = logging.getLogger("beamsearch")
-
-
-class HFState:
-    """The model kwargs of a Hugging Face model between steps: cache, masks, encoder outputs.
-
-    The first ``reorder(index)`` (the expansion of the B examples to their beams) is deferred until
-    the prefill has run once per example; then the cache and every row-indexed tensor (rows first;
-    3-d ``position_ids`` on dim 1) are expanded. Every later reorder only permutes rows within an
-    example, so what is equal across an example's beams (encoder outputs, its mask, the
-    cross-attention keys and values) keeps its order and only the self-attention cache and the
-    decoder-side tensors are gathered, unless the index has fewer rows (finished examples left the
-    batch): then everything row-indexed is gathered.
-    """
-
-    def __init__(self, model: Any, model_kwargs: dict[str, Any], generation_config: Any, exact: bool = False):
-        self.model = model
-        self.model_kwargs = model_kwargs
-        self.generation_config = generation_config
-        self.exact = exact  # exact_parity: every row computed as transformers computes it (see generate)
-        self.prefilled = False
-        self.expansion: torch.Tensor | None = None  # [N] example of each row, until the prefill applies it
-        self.rows: int | None = None  # rows in the cache and tensors, once prefilled
-        self.return_attention = False  # coverage penalties: also return the last layer's cross-attention
-
-    def reorder(self, index: torch.Tensor) -> HFState:
-        if not self.prefilled and not self.exact:
-            self.expansion = index if self.expansion is None else self.expansion.index_select(0, index)
-            return self
-        beam_step = index.shape[0] == self.rows  # a beam search step's reorder (not an expansion, nor a removal)
-        self.rows = index.shape[0]
-        self._gather(index, within_examples=beam_step and not self.exact, beam_step=beam_step)
-        return self
-
-    def _gather(self, index: torch.Tensor, within_examples: bool, beam_step: bool = False) -> None:
-        for key, value in list(self.model_kwargs.items()):
-            if key == "cache_position" or value is None:
-                continue
-            if key in hf_compat.STATE_NAMES:  # the model's state: moved as the installed release's loop moves it
-                if beam_step:
-                    value = hf_compat.reorder_beam_state(self.model, key, value, index,
-                                                         self_attention_only=within_examples)
-                else:
-                    value = hf_compat.select_state_rows(value, index)
-                self.model_kwargs[key] = value
-            elif key == "encoder_outputs":
-                if within_examples or (self.exact and self.prefilled):  # the cross-attention cache holds them
-                    continue
-                for name, tensor in list(value.items()):
-                    if isinstance(tensor, torch.Tensor):
-                        value[name] = tensor.index_select(0, index)
-            elif isinstance(value, torch.Tensor) and value.dim() > 0:
-                if within_examples and key == "attention_mask" and self.model.config.is_encoder_decoder:
-                    continue
-                dim = 1 if key == "position_ids" and value.dim() == 3 else 0
-                self.model_kwargs[key] = value.index_select(dim, index)
-
-
-def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState]:
-    """One forward of the model on the new tokens (the whole prompt first, then one token with the cache).
-
-    The prompt is run once per example (its beams' rows are identical then), and the results are
-    expanded to the beams afterwards; with ``exact_parity`` the state is expanded first and the prompt runs on
-    every row, as in transformers.
-    """
-    model, kwargs = state.model, state.model_kwargs
-    expansion = None
-    if not state.prefilled:
-        expansion = state.expansion
-        if expansion is not None:
-            first = torch.searchsorted(expansion, torch.arange(int(expansion.max()) + 1, device=expansion.device))
-            tokens = tokens.index_select(0, first)  # one row per example
-        outputs = hf_compat.prefill(model, tokens, state.generation_config, kwargs)
-        state.prefilled = True
-    else:
-        outputs = hf_compat.next_step(model, tokens, kwargs)
-    state.model_kwargs = hf_compat.update_kwargs(model, outputs, kwargs)
-    logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=tokens.device)  # [rows, V]
-    attention = None
-    if state.return_attention:
-        attention = outputs.cross_attentions[-1][:, :, -1, :].mean(dim=1).float()  # [rows, S], heads averaged
-    if expansion is not None and expansion.shape[0] > outputs.logits.shape[0]:  # (one row per example: nothing)
-        state._gather(expansion, within_examples=False)
-        logits = logits.index_select(0, expansion.to(logits.device))  # [N, V]
-        attention = None if attention is None else attention.index_select(0, expansion.to(attention.device))
-    state.rows = logits.shape[0]
-    return (logits, state) if attention is None else (logits, state, attention)
-
-
-hf_step.fresh_logits = True  # a copy of the model's output (see loop.decode)
 
 
 def model_step(model, model_kwargs, config, options, needs_attention, lean_step=None, share_encoder_state=False,
@@ -118,7 +38,7 @@ def model_step(model, model_kwargs, config, options, needs_attention, lean_step=
     """The step function and state.
 
     ``lean_step=None`` (the default): the fast T5 step where it can run (a float32 T5 model and call: packed weights,
-    fused products, its own attention; equal to float rounding, ``fast_t5.py``), else a lean step (T5, GPT-2, Llama,
+    fused products, its own attention; equal to float rounding, ``t5/fast.py``), else a lean step (T5, GPT-2, Llama,
     Qwen2, Mistral; the model's own kernels) where one applies, else the generic one that calls ``model(...)``.
     ``True``: a lean step or an error; ``"fast"``: the fast T5 step (int8 models too) or an error; ``False``: the
     generic step. Every specialized step runs only where the model passes its gate (``steps/gate.py``: the modules it
@@ -284,22 +204,6 @@ def _lean_step(model, model_kwargs, config, options, needs_attention, share_enco
     return None, None, reason
 
 
-def request_cross_attention(model: Any, state: HFState) -> None:
-    """Coverage penalties and alignments need the decoder's attention over the source at every step."""
-    if not model.config.is_encoder_decoder:
-        raise ValueError("coverage_penalty / output_alignments need an encoder-decoder model (attention over a "
-                         "source)")
-    implementation = getattr(model.config, "_attn_implementation", "eager")
-    if implementation != "eager":
-        raise ValueError(
-            f"coverage_penalty / output_alignments need attention weights, which {implementation!r} attention "
-            "does not return: "
-            "load the model with attn_implementation='eager'"
-        )
-    state.model_kwargs["output_attentions"] = True
-    state.return_attention = True
-
-
 def compile_options() -> dict[str, Any]:
     """Inductor options for ``compile_step``: its C++ kernels use the vector width ``ATEN_CPU_CAPABILITY`` asks
     ATen for. Inductor picks the CPU's widest ISA on its own while its vector headers follow ATen's capability;
@@ -307,3 +211,110 @@ def compile_options() -> dict[str, Any]:
     garbage (``avx2`` on an AVX-512 CPU: scores off by 1e24)."""
     width = {"default": 1, "avx2": 256, "avx512": 512}.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower())
     return {"options": {"cpp.simdlen": width}} if width else {}
+
+
+# the captured path (cuda_graphs=True): what a captured step cannot do, refused by name before anything runs.
+# A CUDA graph replays device work only: anything that needs the host at every step (a user's processor or stopping
+# criterion, stop strings, the clock of max_time, a callback) or a shape that changes with the data (n-gram tables,
+# constraints) cannot be inside it. The graph path runs greedy search and transformers' beam search with the
+# processors that depend on the length only (graphs/processors.py), on the models a graph-safe step runs.
+_HOST = "it needs the host at every step"
+# option -> (the value that changes nothing, why the graph path cannot take another)
+OPTIONS: dict[str, tuple[Any, str]] = {
+    "do_sample": (False, "sampling is not captured (its random draws); greedy and beam search are"),
+    "num_beam_groups": (1, "diverse beam search is not captured"),
+    "stochastic_beam_search": (False, "stochastic beam search is not captured"),
+    "exact_search": (False, "exact search grows a tree on the host"),
+    "semantics": ("hf", "only transformers' beam search is captured"),
+    "output_scores": (False, "per-step scores are kept on the host, one tensor per step"),
+    "output_logits": (False, "per-step logits are kept on the host, one tensor per step"),
+    "max_time": (None, "the clock is read on the host"),
+    "stop_strings": (None, f"stop strings are matched on the host ({_HOST})"),
+    "repetition_penalty": (1.0, "its processor gathers the tokens so far (a length that grows)"),
+    "no_repeat_ngram_size": (0, "its processor builds n-gram tables on the host"),
+    "encoder_repetition_penalty": (1.0, "its processor is not captured"),
+    "encoder_no_repeat_ngram_size": (0, "its processor builds n-gram tables on the host"),
+    "bad_words_ids": (None, "its processor matches token sequences of a growing length"),
+    "coverage_penalty": ("none", "attention outputs are not captured"),
+}
+# search arguments (beamsearch.generate's keywords) -> why
+ARGUMENTS: dict[str, str] = {
+    "prefix_allowed_tokens_fn": f"the function is called on the host ({_HOST})",
+    "target_prefix": "per-example prefixes are not captured",
+    "force_words_ids": "constraints (force_words_ids) keep per-hypothesis state of changing size",
+    "sequence_scorer": f"the scorer is called on the host ({_HOST})",
+    "unique": "the de-duplicated pool compares hypotheses on the host",
+    "output_alignments": "attention outputs are not captured",
+    "trace": "the search trace is recorded on the host",
+    "stream_to": "a streamer is called on the host (streamer=)",
+    "incumbent": "exact search grows a tree on the host",
+}
+# the other step options of beamsearch.generate -> the value that combines with cuda_graphs=True
+STEP_OPTIONS: dict[str, Any] = {"lean_step": (None, True), "share_encoder_state": (False,),
+                                "compile_step": (False,), "exact_parity": (False,)}
+
+
+def check_graph_call(options: SearchOptions, arguments: dict[str, Any], step_options: dict[str, Any],
+                     logits_processor: Any, stopping_criteria: Any) -> None:
+    """Refuse a call the graph path cannot run, naming what.
+
+    Args:
+        options: the search options.
+        arguments: :func:`beamsearch.search`'s keyword arguments of the call (``target_prefix``, ``trace``, ...).
+        step_options: ``lean_step``, ``share_encoder_state``, ``compile_step``, ``exact_parity`` as given.
+        logits_processor, stopping_criteria: the caller's own (any is refused).
+
+    Raises:
+        ValueError: ``cuda_graphs=True cannot capture NAME: why``.
+    """
+    if logits_processor:
+        raise ValueError(f"cuda_graphs=True cannot capture logits_processor: user processors run on the host "
+                         f"({_HOST}); leave cuda_graphs unset for them")
+    if stopping_criteria:
+        raise ValueError(f"cuda_graphs=True cannot capture stopping_criteria: user criteria run on the host "
+                         f"({_HOST}); leave cuda_graphs unset for them")
+    for name, (neutral, why) in OPTIONS.items():
+        value = getattr(options, name)
+        if value != neutral:
+            raise ValueError(f"cuda_graphs=True cannot capture {name}={value!r}: {why}")
+    for name, why in ARGUMENTS.items():
+        value = arguments.get(name)
+        if value is not None and value is not False and value != 0.0:
+            raise ValueError(f"cuda_graphs=True cannot capture {name}: {why}")
+    for name, allowed in STEP_OPTIONS.items():
+        value = step_options.get(name, allowed[0])
+        if not any(value is a for a in allowed):
+            raise ValueError(f"cuda_graphs=True runs its own fixed-shape step: it cannot be combined with "
+                             f"{name}={value!r}")
+
+
+def graph_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capacity: int, bucket: int,
+                cache: Any = None) -> Any:
+    """The graph-safe model state of the call, for a bucket of ``bucket`` examples of ``rows`` rows each, its cache
+    of ``capacity`` positions (``cache``: a kept one to fill, or None for a new one).
+
+    Raises:
+        ValueError: the model is not one the graph path runs, or this call is not one its lean step takes, or the
+            model does not pass the graph-safe step's gate (why).
+    """
+    kwargs, input_ids = setup["model_kwargs"], setup["input_ids"]
+    model_type = getattr(model.config, "model_type", None)
+    if model_type == "gpt2":
+        reason = lean_gpt2_reason(model, kwargs, False, plan=GRAPH_GPT2)
+        if reason is None:
+            lean = LeanGPT2State(model, kwargs, config, input_ids.shape[1] + 1)
+            return GraphGPT2(lean, input_ids, bucket, rows, capacity, cache)
+    elif model_type == "llama":
+        reason = lean_llama_reason(model, kwargs, False, plan=GRAPH_LLAMA)
+        if reason is None:
+            lean = LeanLlamaState(model, kwargs, config, input_ids.shape[1] + 1)
+            return GraphLlama(lean, input_ids, bucket, rows, capacity, cache)
+    else:
+        reason = lean_t5_reason(model, kwargs, False, plan=GRAPH_T5)
+        if reason is None:
+            hidden = pad_examples(kwargs["encoder_outputs"].last_hidden_state, bucket)
+            state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows, capacity, cache)
+            state.prime(pad_examples(input_ids, bucket))
+            return state
+    raise ValueError(f"cuda_graphs=True runs T5, GPT-2 and Llama models through a graph-safe step, which cannot run "
+                     f"this call: {reason}")

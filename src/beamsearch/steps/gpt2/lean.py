@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from ..steps.gate import Plan, refusal
-from .hf_compat import gpt2_attention_scaling
-from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
+from ...hf_compat import gpt2_attention_scaling
+from ..gate import Plan, refusal
+from ..lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
 # The modules the lean GPT-2 step computes itself (the model's stack, blocks and attention, whose dropouts it skips in
 # eval mode) and those it calls as modules on the inputs the model's forward gives them (embeddings, norms, the

@@ -1,6 +1,6 @@
 """The GPT-2 decoder as a graph-safe step: the model's own modules over a :class:`StaticCache`, fixed shapes.
 
-As the lean GPT-2 step (``adapters/hf_gpt2.py``) it calls the blocks' layer norms, projections and MLPs directly;
+As the lean GPT-2 step (``lean.py`` beside it) it calls the blocks' layer norms, projections and MLPs directly;
 attention is ``scaled_dot_product_attention`` over the example's cache under the row's ancestry and padding mask
 (:class:`.decoder.GraphDecoder`), whatever the model's attention implementation: tokens equal the lean step's,
 scores to float rounding.
@@ -14,9 +14,14 @@ from typing import Any
 
 import torch
 
-from .attention import attend
-from .decoder import GraphDecoder
-from .static_cache import StaticCache
+from ..attention import attend
+from ..caches import StaticCache
+from ..graph_decoder import GraphDecoder
+from .lean import LEAN_GPT2
+
+# the gate of the graph-safe GPT-2 step: the lean step's plan, strict (a graph replays what it recorded once,
+# so no hook and no module from outside torch and transformers anywhere in the model)
+GRAPH_GPT2 = LEAN_GPT2.captured("the graph-safe GPT-2 step")
 
 
 class GraphGPT2(GraphDecoder):

@@ -1,10 +1,11 @@
 """Attention of one new position per row over keys kept per example (the graph path's self- and cross-attention).
 
-An example's K rows query the same key tensor: the self-attention cache's ``[B, G, T*K, d]`` view (each row masked
-to its own ancestors, see :mod:`.static_cache`) or the cross-attention keys ``[B, H, S, d]`` (one copy per example,
-never reordered). So the K queries of an example become K query positions of one ``scaled_dot_product_attention``
-call over that example's keys, and with grouped-query attention (G key/value heads for H query heads) each key/value
-head takes its H/G query heads as more query positions (no ``repeat_kv`` copy). Fixed shapes, no host sync.
+An example's K rows query the same key tensor: the self-attention cache's ``[B, G, T*K, d]`` view (each row masked to
+its own ancestors, see :class:`~.caches.StaticCache`) or the cross-attention keys ``[B, H, S, d]`` (one copy per
+example, never reordered). So the K queries of an example become K query positions of one
+``scaled_dot_product_attention`` call over that example's keys, and with grouped-query attention (G key/value heads for
+H query heads) each key/value head takes its H/G query heads as more query positions (no ``repeat_kv`` copy). Fixed
+shapes, no host sync.
 
 Legend: B examples, K rows per example, N = B*K, H query heads, G key/value heads, X key positions, d head size.
 """

@@ -2,7 +2,7 @@
 step's reorders, with packed weights, fused products and an attention written for one query over a short,
 time-major cache.
 
-Where the lean step (``hf_t5.py``, ``lean_step=True``) calls the model's own modules so that its logits equal
+Where the lean step (``lean.py``, ``lean_step=True``) calls the model's own modules so that its logits equal
 ``model(...)`` bit for bit, this step trades that equality for fewer, larger kernels per step (the profile of a
 G2P decode, ``benchmarks/profile_g2p.py``, showed a third of the lean step's time in attention kernels built for
 long queries and in the small operations around the matrix products):
@@ -10,7 +10,7 @@ long queries and in the small operations around the matrix products):
 - each layer norm's gain is folded into the weights of the products that follow it (``W diag(g)``), so a norm
   is one ``rms_norm`` without a weight; the final norm's gain and T5's output scale fold into the output layer;
 - the self-attention's query, key and value products are one product with the three weights stacked, and the
-  key and value columns go to the cache in one copy (:class:`~.lean_cache.StackedTimeMajorCache`, every layer in
+  key and value columns go to the cache in one copy (:class:`~..caches.StackedTimeMajorCache`, every layer in
   one buffer, reordered in one gather);
 - the residual additions and the feed-forward ReLU run inside the products (oneDNN post-ops, ``addmm``);
 - attention over the cache is elementwise: scores ``[t, N, H]`` as a product summed over the head size, a
@@ -41,10 +41,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..steps.gate import ACTIVATION, INT8_LINEAR, Plan
-from .fast_t5_weights import fast_weights, forget_weights, is_int8, run_feed_forward  # noqa: F401 (re-exported)
-from .hf_t5 import LEAN_T5, LeanT5State
-from .lean_cache import StackedTimeMajorCache
+from ..caches import StackedTimeMajorCache
+from ..gate import ACTIVATION, INT8_LINEAR, Plan
+from .lean import LEAN_T5, LeanT5State
+from .packed import fast_weights, forget_weights, is_int8, run_feed_forward  # noqa: F401 (re-exported)
 
 
 def _stack_plan(stack: str, feed_forward: int) -> dict[str, tuple]:

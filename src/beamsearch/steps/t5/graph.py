@@ -1,10 +1,10 @@
 """The T5 (and mT5) decoder as a graph-safe step: the model's own modules, a :class:`StaticCache`, fixed shapes.
 
-As the lean T5 step (``adapters/hf_t5.py``), it calls the decoder's layer norms, projections and feed-forward blocks
+As the lean T5 step (``lean.py`` beside it), it calls the decoder's layer norms, projections and feed-forward blocks
 directly; the differences are what a captured step needs:
 
 - the position is a 0-d tensor; self-attention reads all T positions of the example-major cache, each row masked
-  to its own ancestors (the parent index, :mod:`.static_cache`), under the position bias of the model's own
+  to its own ancestors (the parent index, :class:`~..caches.StaticCache`), under the position bias of the model's own
   ``compute_bias`` (one ``[H, T, T]`` table made before the search);
 - the cross-attention keys and values are computed once per example, ``[B, H, S, d]``, and never reordered nor
   copied: an example's K rows attend to them as K query positions of one call;
@@ -23,9 +23,13 @@ from typing import Any
 
 import torch
 
-from ..adapters.hf_t5 import _clamp_float16, _output_scale
-from .attention import attend
-from .static_cache import StaticCache
+from ..attention import attend
+from ..caches import StaticCache
+from .lean import LEAN_T5, _clamp_float16, _output_scale
+
+# the gate of the graph-safe T5 step: the lean step's plan, strict (a graph replays what it recorded once,
+# so no hook and no module from outside torch and transformers anywhere in the model)
+GRAPH_T5 = LEAN_T5.captured("the graph-safe T5 step")
 
 
 class GraphT5:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from .attention import additive, group_mask
-from .buckets import padding_index
-from .static_cache import StaticCache
+from .caches import StaticCache
+from .padding import padding_index
 
 
 class GraphDecoder:

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from ..steps.gate import Plan, refusal
-from .hf_compat import t5_position_bias
-from .lean_cache import TimeMajorCache
+from ...hf_compat import t5_position_bias
+from ..caches import TimeMajorCache
+from ..gate import Plan, refusal
 
 _DROPOUT = (torch.nn.Dropout,)
 _LIST = (torch.nn.ModuleList,)

@@ -47,9 +47,9 @@ from typing import Any
 
 import torch
 
-from ..steps.gate import Plan, refusal
-from . import hf_compat
-from .lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
+from ... import hf_compat
+from ..gate import Plan, refusal
+from ..lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
 # rotary embeddings whose frequencies are fixed when the model is built (tested against the model); "dynamic" and
 # "longrope" recompute them from the positions seen

@@ -1,6 +1,6 @@
 """The Llama decoder as a graph-safe step: the model's own modules over a :class:`StaticCache`, fixed shapes.
 
-As the lean Llama step (``adapters/hf_llama.py``) it calls the embedding, rotary embedding, RMS norms, projections,
+As the lean Llama step (``lean.py`` beside it) it calls the embedding, rotary embedding, RMS norms, projections,
 the model module's ``apply_rotary_pos_emb`` and the MLP directly; the cache holds the G key/value heads, and each
 key/value head attends for its H/G query heads in one ``scaled_dot_product_attention`` call (the queries packed as
 more query positions, no ``repeat_kv`` copy) under the row's ancestry and padding mask, whatever the model's
@@ -17,9 +17,14 @@ from typing import Any
 
 import torch
 
-from .attention import attend
-from .decoder import GraphDecoder
-from .static_cache import StaticCache
+from ..attention import attend
+from ..caches import StaticCache
+from ..graph_decoder import GraphDecoder
+from .lean import LEAN_LLAMA
+
+# the gate of the graph-safe Llama step: the lean step's plan, strict (a graph replays what it recorded once,
+# so no hook and no module from outside torch and transformers anywhere in the model)
+GRAPH_LLAMA = LEAN_LLAMA.captured("the graph-safe Llama step")
 
 
 class GraphLlama(GraphDecoder):

@@ -1,4 +1,4 @@
-"""The fast T5 step's weights (``fast_t5.py``): folded, stacked, packed once per model, and the products that run them.
+"""The fast T5 step's weights (``fast.py``): folded, stacked, packed once per model, and the products that run them.
 
 Legend: M rows of a product (tokens or decoder rows), D model width, F feed-forward width.
 """
@@ -12,8 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..steps.gate import WeightStamp
-from .hf_t5 import _output_scale
+from ..gate import WeightStamp
+from .lean import _output_scale
 
 
 class PackedLinear:

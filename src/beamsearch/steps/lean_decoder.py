@@ -1,4 +1,4 @@
-"""What the lean decoder-only steps (``hf_gpt2.py``, ``hf_llama.py``) share: the prompt once per example, its cache
+"""What the lean decoder-only steps (``gpt2/lean.py``, ``llama/lean.py``) share: the prompt once per example, its cache
 copied to the rows, per-row positions and padding mask, and the beam reorder that leaves the prompt in place.
 
 Legend: B batch, K rows per example, N = B*K (rows now), G cached heads, d head size, P prompt length,
@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from . import hf_compat
-from .lean_cache import TimeMajorCache
+from .. import hf_compat
+from .caches import TimeMajorCache
 
 # model_kwargs the lean decoder-only steps understand (anything else given makes them step aside)
 KNOWN_KWARGS = ("attention_mask", "position_ids", "past_key_values", "cache", "use_cache", "logits_to_keep")
