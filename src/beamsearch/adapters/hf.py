@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from .. import hf_compat
 from ..engine import search
 from ..errors import SearchError
 from ..graphs.driver import graph_search
+from ..hf_compat import generate_rows_reason, generation_config_for, warn_if_untested
 from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
 from ..steps.chooser import check_graph_call, fast_call_reason, fast_refusal, model_step
@@ -28,7 +28,7 @@ from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
 from .hf_peft import base_model
 
-hf_compat.warn_if_untested()  # once, naming the tested releases, where another is installed
+warn_if_untested()  # once, naming the tested releases, where another is installed
 
 
 @torch.no_grad()
@@ -108,7 +108,7 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
             raise ValueError("exact_parity=True keeps every row to the end: it cannot be combined with "
                              "remove_finished=True")
         toolkit["remove_finished"] = False
-    rows_reason = hf_compat.generate_rows_reason(model)
+    rows_reason = generate_rows_reason(model)
     if rows_reason is not None and not exact:  # decoded on generate's rows, as exact_parity=True decodes
         if toolkit.get("remove_finished"):
             raise ValueError(f"remove_finished=True cannot decode {type(model).__name__}: {rows_reason}")
@@ -181,7 +181,7 @@ def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stop
     if set(per_example) - {"attention_mask"}:
         raise ValueError(f"max_rows supports input_ids and attention_mask, not {sorted(set(per_example))}")
     probe = {k: v for k, v in kwargs.items() if k not in TOOLKIT_OPTIONS and not isinstance(v, torch.Tensor)}
-    config = hf_compat.generation_config_for(model, generation_config, probe)
+    config = generation_config_for(model, generation_config, probe)
     if config.return_dict_in_generate and (config.output_scores or config.output_logits):
         raise ValueError("max_rows cannot be combined with output_scores / output_logits (per-step tensors)")
     semantics = kwargs.get("semantics") or "hf"

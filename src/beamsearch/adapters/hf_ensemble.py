@@ -12,16 +12,16 @@ from typing import Any
 
 import torch
 
-from .. import hf_compat
 from ..engine import search
 from ..ensemble import ensemble_step
+from ..hf_compat import warn_if_untested
 from ..results import SearchResult
 from ..steps.chooser import model_step
 from .hf_inputs import REJECTED_ARGUMENTS, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_peft import base_model
 
-hf_compat.warn_if_untested()  # once, naming the tested releases, where another is installed
+warn_if_untested()  # once, naming the tested releases, where another is installed
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import hf_compat
+from ..hf_compat import prepare_with_generate, unexpand
 from ..options import SEARCH_ARGUMENTS, UNSUPPORTED_OPTIONS, is_neutral
 
 # generate() arguments that change results and that we do not implement.
@@ -52,14 +52,14 @@ def prepare(model: Any, inputs: Any, generation_config: Any, kwargs: dict[str, A
         kwargs = dict(kwargs, encoder_outputs=BaseModelOutput(last_hidden_state=encode(ids, kwargs.get(
             "attention_mask"))))
         fast_encoded = True
-    prepared = hf_compat.prepare_with_generate(model, inputs, generation_config, kwargs)
+    prepared = prepare_with_generate(model, inputs, generation_config, kwargs)
     config, inputs_tensor = prepared["generation_config"], prepared["inputs_tensor"]
     check_config(config)
     batch_size = inputs_tensor.shape[0]
     rows = prepared["input_ids"].shape[0]
     every = rows // batch_size
     input_ids = prepared["input_ids"][::every]
-    model_kwargs = hf_compat.unexpand(prepared["model_kwargs"], batch_size, rows)
+    model_kwargs = unexpand(prepared["model_kwargs"], batch_size, rows)
     if not torch.is_tensor(inputs_tensor) or inputs_tensor.dim() != 2 or inputs_tensor.is_floating_point():
         raise ValueError("beamsearch.generate needs token ids as input (input_ids [B, S]), not embeddings")
     is_encoder_decoder = model.config.is_encoder_decoder

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .. import hf_compat
+from ..hf_compat import STATE_NAMES, next_step, prefill, reorder_beam_state, select_state_rows, update_kwargs
 
 
 class HFState:
@@ -48,12 +48,12 @@ class HFState:
         for key, value in list(self.model_kwargs.items()):
             if key == "cache_position" or value is None:
                 continue
-            if key in hf_compat.STATE_NAMES:  # the model's state: moved as the installed release's loop moves it
+            if key in STATE_NAMES:  # the model's state: moved as the installed release's loop moves it
                 if beam_step:
-                    value = hf_compat.reorder_beam_state(self.model, key, value, index,
+                    value = reorder_beam_state(self.model, key, value, index,
                                                          self_attention_only=within_examples)
                 else:
-                    value = hf_compat.select_state_rows(value, index)
+                    value = select_state_rows(value, index)
                 self.model_kwargs[key] = value
             elif key == "encoder_outputs":
                 if within_examples or (self.exact and self.prefilled):  # the cross-attention cache holds them
@@ -82,11 +82,11 @@ def hf_step(tokens: torch.Tensor, state: HFState) -> tuple[torch.Tensor, HFState
         if expansion is not None:
             first = torch.searchsorted(expansion, torch.arange(int(expansion.max()) + 1, device=expansion.device))
             tokens = tokens.index_select(0, first)  # one row per example
-        outputs = hf_compat.prefill(model, tokens, state.generation_config, kwargs)
+        outputs = prefill(model, tokens, state.generation_config, kwargs)
         state.prefilled = True
     else:
-        outputs = hf_compat.next_step(model, tokens, kwargs)
-    state.model_kwargs = hf_compat.update_kwargs(model, outputs, kwargs)
+        outputs = next_step(model, tokens, kwargs)
+    state.model_kwargs = update_kwargs(model, outputs, kwargs)
     logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=tokens.device)  # [rows, V]
     attention = None
     if state.return_attention:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .. import hf_compat
+from ..hf_compat import cache_keyword, output_cache, prefill
 from .caches import TimeMajorCache
 
 # model_kwargs the lean decoder-only steps understand (anything else given makes them step aside)
@@ -36,7 +36,7 @@ def call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: bool)
     mask = model_kwargs.get("attention_mask")
     if mask is not None and mask.dim() != 2:
         return f"a {mask.dim()}-d attention_mask (the lean step takes a 2-d padding mask)"
-    cache = model_kwargs.get(hf_compat.cache_keyword())
+    cache = model_kwargs.get(cache_keyword())
     if cache is not None and (type(cache) is not DynamicCache or cache.get_seq_length() > 0):
         return "past_key_values holds a cache to continue from"
     return None
@@ -126,8 +126,8 @@ class LeanDecoderState:
         examples = int(expansion.max()) + 1
         first = torch.searchsorted(expansion, torch.arange(examples, device=expansion.device))
         kwargs = self.model_kwargs
-        outputs = hf_compat.prefill(self.model, tokens.index_select(0, first), self.generation_config, kwargs)
-        cache = hf_compat.output_cache(outputs)
+        outputs = prefill(self.model, tokens.index_select(0, first), self.generation_config, kwargs)
+        cache = output_cache(outputs)
         self.prompt_length = tokens.shape[1]
         shape = (max(self.max_length, self.prompt_length + 1), rows, self.cache_heads, self.head_size)
 

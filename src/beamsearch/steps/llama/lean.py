@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from ... import hf_compat
+from ...hf_compat import sdpa_grouped_query
 from ..gate import Plan, refusal
 from ..lean_decoder import LeanDecoderState, call_reason, lean_decoder_step
 
@@ -165,7 +165,7 @@ class LeanLlamaState(LeanDecoderState):
         rows, size = query.shape[0], self.head_size
         options = {}
         if self.groups > 1:
-            path = hf_compat.sdpa_grouped_query(mask, keys, values)  # the installed release's choice
+            path = sdpa_grouped_query(mask, keys, values)  # the installed release's choice
             if path == "enable_gqa":
                 options["enable_gqa"] = True
             elif path == "pack":  # pack_gqa: the group's H/G queries become query positions of its key/value head
