@@ -521,13 +521,13 @@ def fixed_inputs(name: str, batch: int, seed: int) -> dict:
     """Inputs ``[B, 6]`` with left padding of mixed lengths: the same shapes for every seed (one kept graph)."""
     from tiny_hf import left_padded_inputs
 
-    pad = {"t5": 0, "gpt2": 1, "llama": 2}[name]
+    pad = {"t5": 0, "gpt2": 1}.get(name, 2)  # llama, qwen2, mistral: 2
     ids, mask = left_padded_inputs(tiny_model(name).config.vocab_size, pad, batch, seed=seed, length=6)
     return {"input_ids": ids.to(DEVICE), "attention_mask": mask.to(DEVICE)}
 
 
 @pytest.mark.parametrize("case", list(GRAPH_CASES))
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama", "qwen2", "mistral"])
 def test_cuda_graphs_equal_the_eager_path_on_the_device(graphs, name, case):
     """Captured and replayed (a batch of 3 in a bucket of 4), then replayed for other inputs of the same shapes:
     tokens equal the eager path's on the device, scores within the tolerance (other shapes: the graph path's rows
@@ -544,7 +544,7 @@ def test_cuda_graphs_equal_the_eager_path_on_the_device(graphs, name, case):
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama", "qwen2", "mistral"])
 def test_cuda_graphs_in_bfloat16_equal_transformers_up_to_near_ties(graphs, name, num_beams):
     model = device_model(name, torch.bfloat16)
     kwargs = dict(device_inputs(name, batch=4), num_beams=num_beams, max_new_tokens=10, do_sample=False)

@@ -41,7 +41,9 @@ CASES = {
 }
 
 
-SEEDS = {"t5": 4, "gpt2": 1, "llama": 1}  # models whose hypotheses end at varied steps (test_the_models_end_...)
+MODELS = ["t5", "gpt2", "llama", "qwen2", "mistral"]  # every model a graph-safe step runs (Qwen2, Mistral: Llama's)
+# seeds of models whose hypotheses end at varied steps (test_the_models_end_...)
+SEEDS = {"t5": 4, "gpt2": 1, "llama": 1, "qwen2": 1, "mistral": 1}
 
 
 def model_and_inputs(name: str, batch: int, seed: int | None = None, dtype: torch.dtype = torch.float32):
@@ -52,12 +54,12 @@ def model_and_inputs(name: str, batch: int, seed: int | None = None, dtype: torc
         with torch.no_grad():  # the end token's logit along a random direction of the decoder's output
             model.lm_head.weight[1] = torch.randn(model.config.d_model, generator=torch.Generator().manual_seed(seed))
     else:
-        model = (gpt2 if name == "gpt2" else llama)("sdpa", seed=seed, eos=2.0)
+        model = gpt2("sdpa", seed=seed, eos=2.0) if name == "gpt2" else llama("sdpa", seed=seed, eos=2.0, arch=name)
         ids, mask = left_padded_inputs(DECODER_VOCAB, DECODER_PAD, batch, seed=seed)
     return model.to(dtype), ids, mask
 
 
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("name", MODELS)
 def test_the_models_end_hypotheses_at_varied_steps(name: str) -> None:
     """What makes the comparisons below cover the end token: hypotheses of one batch end at several lengths."""
     model, ids, mask = model_and_inputs(name, 5)
@@ -93,7 +95,7 @@ def assert_same_search(expected, actual) -> None:
 
 @pytest.mark.parametrize("batch", [1, 3, 5])  # buckets of 1, 4 and 8 examples
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("name", MODELS)
 def test_the_graph_path_equals_the_lean_path(name: str, case: str, batch: int, graph_steps) -> None:
     model, ids, mask = model_and_inputs(name, batch)
     kwargs = dict(CASES[case], input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
@@ -123,14 +125,14 @@ def _assert_like_transformers(model, dtype: torch.dtype = torch.float32, **kwarg
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("name", MODELS)
 def test_the_graph_path_equals_transformers(name: str, case: str) -> None:
     model, ids, mask = model_and_inputs(name, 4)
     _assert_like_transformers(model, input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                               **CASES[case])
 
 
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("name", MODELS)
 def test_bfloat16_equals_transformers(name: str) -> None:
     """bfloat16 weights (the model computes in it): tokens with the near-tie check at bfloat16's tolerance."""
     model, ids, mask = model_and_inputs(name, 3, seed=4, dtype=torch.bfloat16)
@@ -203,7 +205,7 @@ class HostReads(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("beams", [1, 3])
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("name", MODELS)
 def test_the_whole_step_reads_nothing_on_the_host_and_changes_its_state_in_place(monkeypatch, name: str,
                                                                                    beams: int) -> None:
     """What capture needs: during a step no value is read on the host and no shape depends on data, and every
@@ -302,7 +304,8 @@ def test_the_other_step_options_are_refused(option: dict) -> None:
 def test_models_without_a_graph_step_and_bad_values_are_refused() -> None:
     bart = tiny_model("bart")
     ids = torch.tensor([[5, 6, 7]])
-    with pytest.raises(ValueError, match="cuda_graphs=True runs T5, GPT-2 and Llama models .* model_type 'bart'"):
+    with pytest.raises(ValueError, match="cuda_graphs=True runs T5, GPT-2, Llama, Qwen2 and Mistral models .* "
+                       "model_type 'bart'"):
         beamsearch.generate(bart, input_ids=ids, max_new_tokens=3, cuda_graphs=True)
     with pytest.raises(ValueError, match="cuda_graphs must be True or False, got 'yes'"):
         beamsearch.generate(bart, input_ids=ids, max_new_tokens=3, cuda_graphs="yes")
@@ -311,6 +314,14 @@ def test_models_without_a_graph_step_and_bad_values_are_refused() -> None:
     model, t5_ids, mask = model_and_inputs("t5", 2)
     with pytest.raises(ValueError, match="cuda_graphs=True is not supported with an ensemble"):
         search_ensemble([model, model], input_ids=t5_ids, attention_mask=mask, max_new_tokens=3, cuda_graphs=True)
+
+
+def test_a_sliding_window_is_refused_by_name() -> None:
+    """Mistral v0.1's window (and Qwen2's use_sliding_window): the graph-safe step attends to the whole cache."""
+    model = llama("sdpa", seed=1, arch="mistral", sliding_window=4)
+    ids, mask = left_padded_inputs(DECODER_VOCAB, DECODER_PAD, 2, seed=1)
+    with pytest.raises(ValueError, match="graph-safe step, which cannot run this call: config.sliding_window is set"):
+        beamsearch.generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=3, cuda_graphs=True)
 
 
 def test_too_many_beams_for_the_vocabulary_is_a_search_error() -> None:
@@ -332,7 +343,7 @@ def keeping(monkeypatch):
 
 
 @pytest.mark.parametrize("beams", [1, 3])
-@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("name", MODELS)
 def test_a_kept_step_serves_later_calls_of_the_same_shapes(keeping, name: str, beams: int) -> None:
     """Other inputs of the same shapes are loaded into the kept step's tensors (the same addresses, which a graph
     replays on): each call's result equals the lean path's on its own inputs; another batch size keeps another."""

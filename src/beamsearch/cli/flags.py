@@ -153,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "model's own kernels: logits equal to transformers' bit for bit; lean_step=True)")
         if many:
             perf.add_argument("--cuda-graphs", action="store_true", help="each decoding step captured once in a "
-                              "CUDA graph and replayed (greedy and beam search; T5, GPT-2 and Llama models; equal to "
-                              "float rounding; on a CPU the same step runs uncaptured; cuda_graphs=True, "
-                              "docs/usage.md)")
+                              "CUDA graph and replayed (greedy and beam search; T5, GPT-2, Llama, Qwen2 and Mistral "
+                              "models; equal to float rounding; on a CPU the same step runs uncaptured; "
+                              "cuda_graphs=True, docs/usage.md)")
         io.add_argument("--max-input-length", type=int, help="most input tokens, at most the model's limit "
                         "(default: the model's limit)")
         if many:

@@ -304,7 +304,7 @@ def graph_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capac
         if reason is None:
             lean = LeanGPT2State(model, kwargs, config, input_ids.shape[1] + 1)
             return GraphGPT2(lean, input_ids, bucket, rows, capacity, cache)
-    elif model_type == "llama":
+    elif model_type in LLAMA_LIKE:  # Llama, Qwen2, Mistral (without a sliding window): Llama's layers
         reason = lean_llama_reason(model, kwargs, False, plan=GRAPH_LLAMA)
         if reason is None:
             lean = LeanLlamaState(model, kwargs, config, input_ids.shape[1] + 1)
@@ -316,5 +316,5 @@ def graph_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capac
             state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows, capacity, cache)
             state.prime(pad_examples(input_ids, bucket))
             return state
-    raise ValueError(f"cuda_graphs=True runs T5, GPT-2 and Llama models through a graph-safe step, which cannot run "
-                     f"this call: {reason}")
+    raise ValueError("cuda_graphs=True runs T5, GPT-2, Llama, Qwen2 and Mistral models through a graph-safe step, "
+                     f"which cannot run this call: {reason}")
