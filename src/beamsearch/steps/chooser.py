@@ -29,6 +29,7 @@ from .padding import pad_examples
 from .t5.fast import FAST_T5, FastT5State, fast_t5_reason, is_int8
 from .t5.graph import GRAPH_T5, GraphT5
 from .t5.lean import LeanT5State, lean_t5_reason, lean_t5_step
+from .t5.native import native_reason
 
 LOG = logging.getLogger("beamsearch")
 
@@ -170,14 +171,20 @@ def fast_call_reason(model: Any, model_kwargs: dict[str, Any], needs_attention: 
 
 
 def _fast_step(model, model_kwargs, options, share_encoder_state, compile_step):
-    """The fast T5 step and its state (the call has passed :func:`fast_call_reason`)."""
+    """The fast T5 step and its state (the call has passed :func:`fast_call_reason`): native (one C++ call per
+    step, ``t5/native.py``) where the extension is available and runs the model, else eager."""
     if share_encoder_state:
         raise ValueError("lean_step='fast' already attends to an example's encoder state once for its K rows: "
                          "leave share_encoder_state unset")
     if compile_step == "static":
         raise ValueError("lean_step='fast' has no fixed-shape variant: use compile_step=True or False")
     encoded = model_kwargs["encoder_outputs"].last_hidden_state
-    return lean_t5_step, FastT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length)
+    native = "compile_step asks for the eager fast step under torch.compile" if compile_step else \
+        native_reason(model)
+    if native is not None:
+        _explain("the native fast T5 step (one C++ call per step)", native)
+    return lean_t5_step, FastT5State(model, encoded, model_kwargs.get("attention_mask"), options.max_length,
+                                     native=native is None)
 
 
 def _lean_step(model, model_kwargs, config, options, needs_attention, share_encoder_state, fixed_shape=False):
@@ -288,6 +295,28 @@ def check_graph_call(options: SearchOptions, arguments: dict[str, Any], step_opt
                              f"{name}={value!r}")
 
 
+def graph_model_reason(model: Any, model_kwargs: dict[str, Any]) -> str | None:
+    """Why no graph-safe step runs this model and call (None: one does): the family's lean step must take the call,
+    and the model pass the graph-safe step's gate (strict: no hook, nothing from outside torch and transformers)."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type == "gpt2":
+        return lean_gpt2_reason(model, model_kwargs, False, plan=GRAPH_GPT2)
+    if model_type in LLAMA_LIKE:  # Llama, Qwen2, Mistral (without a sliding window): Llama's layers
+        return lean_llama_reason(model, model_kwargs, False, plan=GRAPH_LLAMA)
+    return lean_t5_reason(model, model_kwargs, False, plan=GRAPH_T5)
+
+
+def graph_call_reason(model: Any, setup: dict[str, Any], options: SearchOptions, arguments: dict[str, Any],
+                      step_options: dict[str, Any], logits_processor: Any, stopping_criteria: Any) -> str | None:
+    """Why the graph path cannot run this call (None: it can), for the automatic choice on CUDA
+    (``cuda_graphs=None``): :func:`check_graph_call`'s refusal, else :func:`graph_model_reason`."""
+    try:
+        check_graph_call(options, arguments, step_options, logits_processor, stopping_criteria)
+    except ValueError as e:
+        return str(e).removeprefix("cuda_graphs=True ")
+    return graph_model_reason(model, setup["model_kwargs"])
+
+
 def graph_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capacity: int, bucket: int,
                 cache: Any = None) -> Any:
     """The graph-safe model state of the call, for a bucket of ``bucket`` examples of ``rows`` rows each, its cache
@@ -298,23 +327,18 @@ def graph_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capac
             model does not pass the graph-safe step's gate (why).
     """
     kwargs, input_ids = setup["model_kwargs"], setup["input_ids"]
+    reason = graph_model_reason(model, kwargs)
+    if reason is not None:
+        raise ValueError("cuda_graphs=True runs T5, GPT-2, Llama, Qwen2 and Mistral models through a graph-safe "
+                         f"step, which cannot run this call: {reason}")
     model_type = getattr(model.config, "model_type", None)
     if model_type == "gpt2":
-        reason = lean_gpt2_reason(model, kwargs, False, plan=GRAPH_GPT2)
-        if reason is None:
-            lean = LeanGPT2State(model, kwargs, config, input_ids.shape[1] + 1)
-            return GraphGPT2(lean, input_ids, bucket, rows, capacity, cache)
-    elif model_type in LLAMA_LIKE:  # Llama, Qwen2, Mistral (without a sliding window): Llama's layers
-        reason = lean_llama_reason(model, kwargs, False, plan=GRAPH_LLAMA)
-        if reason is None:
-            lean = LeanLlamaState(model, kwargs, config, input_ids.shape[1] + 1)
-            return GraphLlama(lean, input_ids, bucket, rows, capacity, cache)
-    else:
-        reason = lean_t5_reason(model, kwargs, False, plan=GRAPH_T5)
-        if reason is None:
-            hidden = pad_examples(kwargs["encoder_outputs"].last_hidden_state, bucket)
-            state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows, capacity, cache)
-            state.prime(pad_examples(input_ids, bucket))
-            return state
-    raise ValueError("cuda_graphs=True runs T5, GPT-2, Llama, Qwen2 and Mistral models through a graph-safe step, "
-                     f"which cannot run this call: {reason}")
+        return GraphGPT2(LeanGPT2State(model, kwargs, config, input_ids.shape[1] + 1), input_ids, bucket, rows,
+                         capacity, cache)
+    if model_type in LLAMA_LIKE:
+        return GraphLlama(LeanLlamaState(model, kwargs, config, input_ids.shape[1] + 1), input_ids, bucket, rows,
+                          capacity, cache)
+    hidden = pad_examples(kwargs["encoder_outputs"].last_hidden_state, bucket)
+    state = GraphT5(model, hidden, pad_examples(kwargs.get("attention_mask"), bucket), rows, capacity, cache)
+    state.prime(pad_examples(input_ids, bucket))
+    return state

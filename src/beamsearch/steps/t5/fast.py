@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from ..caches import StackedTimeMajorCache
 from ..gate import ACTIVATION, INT8_LINEAR, Plan
 from .lean import LEAN_T5, LeanT5State
+from .native import NativeDecoder, native_encoder
 from .packed import fast_weights, forget_weights, is_int8, run_feed_forward  # noqa: F401 (re-exported)
 
 
@@ -154,14 +155,22 @@ def fast_t5_encode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
 class FastT5State(LeanT5State):
     """The lean T5 state with packed weights and elementwise attention (see the module docstring).
 
-    Its cross-attention keys and values are one time-major buffer ``[S, B, L, 2, H, d]`` (zeros at the padding),
-    its source bias ``[S, B, 1, 1]`` (None without padding); the self-attention cache is a
+    Eager (``native=False``): its cross-attention keys and values are one time-major buffer ``[S, B, L, 2, H, d]``
+    (zeros at the padding), its source bias ``[S, B, 1, 1]`` (None without padding); the self-attention cache is a
     :class:`StackedTimeMajorCache` ``[T, N, L, 2, H, d]``, reordered by the lean state's rules.
+
+    Native (``native=True``, the chooser's default where :func:`~.native.native_reason` allows): the cache's place
+    holds a :class:`~.native.NativeDecoder`, which computes each step in one C++ call, keeps the cross-attention
+    state itself and records the reorders that the lean state's rules hand it, applying them inside its next call.
     """
 
-    def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int):
+    def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
+                 native: bool = False):
         self._start(model, encoder_hidden, source_mask, max_length, fixed_shape=False)
         self.weights = fast_weights(model)
+        self.native = NativeDecoder(model, encoder_hidden, source_mask, max_length) if native else None
+        if self.native is not None:
+            return
         batch, length, width = encoder_hidden.shape
         layers = len(self.blocks)
         # the time-major positions s*B + b and the batch-major rows b*S + s they come from, tokens only: one product
@@ -204,17 +213,23 @@ class FastT5State(LeanT5State):
             self.cross_values = (per_example, index.reshape(layers, -1).unbind(0), offsets)
         return self.cross_values[1], self.cross_values[2]
 
-    def _empty_cache(self, device: torch.device) -> StackedTimeMajorCache:
+    def _empty_cache(self, device: torch.device) -> StackedTimeMajorCache | NativeDecoder:
+        if self.native is not None:
+            return self.native
         shape = (self.max_length, self.examples, len(self.blocks), 2, self.heads, self.head_size)
         return StackedTimeMajorCache.empty(shape, self.dtype, device)
 
     def _select_cross(self, index: torch.Tensor) -> None:
+        if self.native is not None:  # the native decoder follows each row's example through the parents
+            return
         self._set_cross(self.cross.index_select(1, index))
         if self.source_bias is not None:
             self.source_bias = self.source_bias.index_select(1, index)
 
     def decode(self, tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
         """The decoder at ``position`` (an int; the fast step has no fixed-shape variant): logits ``[N, V]``."""
+        if self.native is not None:
+            return self.native.step(tokens)
         capacity = self.cache.capacity
         if self.position_bias is None or self.position_bias.shape[0] != capacity:
             table = self.bias_module.compute_bias(capacity, capacity, device=tokens.device)[0]  # [H, T, T]
@@ -265,9 +280,13 @@ class FastT5State(LeanT5State):
 
 def fast_encoder(model: Any) -> Any:
     """The encode function :func:`beamsearch.adapters.hf_inputs.prepare` takes, for a model the fast step can run
-    (None otherwise: the step then names why)."""
+    (None otherwise: the step then names why): the native encoder where the native step can run the model
+    (:func:`~.native.native_reason`), else the eager one."""
     if getattr(model.config, "model_type", None) not in ("t5", "mt5") or model.training:
         return None
     if fast_t5_reason(model) is not None:
         return None
+    native = native_encoder(model)
+    if native is not None:
+        return native
     return lambda input_ids, attention_mask: fast_t5_encode(model, input_ids, attention_mask)

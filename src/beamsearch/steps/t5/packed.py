@@ -156,6 +156,8 @@ class FastT5Weights:
         self.encoder_bias_module = encoder.block[0].layer[0].SelfAttention  # its relative position bias
         self.heads = self.encoder_bias_module.n_heads
         self.head_size = self.encoder_bias_module.key_value_proj_dim
+        self.native: Any = None  # the native step's copy of these weights (native.py), made at its first use
+        self.native_bias: dict[int, torch.Tensor] = {}  # the native encoder's position bias [H, S, S] by length S
 
 
 _WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (stamp, weights)

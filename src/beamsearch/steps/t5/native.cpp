@@ -1,0 +1,401 @@
+// The fast T5 step as one C++ call per decoding step, and T5's encoder as one call per batch (native.py builds this
+// file at first use and says what it computes). Products go through ATen (at::mm_out, addmm_ with the residual:
+// MKL or oneDNN, without Python or autograd); norms, attention, ReLU run as plain loops over GCC/Clang vectors.
+//
+// The self-attention cache is never copied: each step keeps its own [L, N, 3I] product (queries, keys, values of
+// every layer) and the parent row of each of its rows in the step before; a row's keys at earlier positions are
+// found by walking that chain once per step (shared by the layers). A beam reorder or the removal of finished
+// examples is the parent index given to the next step.
+//
+// Legend: B examples, N rows, S source length, Sp S rounded up to 16, L layers, H heads, d head size, I = H*d,
+// D model width, F feed-forward width, V vocabulary, t positions so far.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace {
+
+constexpr int64_t BLK = 16;        // scores per vector (one AVX-512 register, two AVX2 ones)
+constexpr float MASKED = -1e30f;   // a masked score: finite, so that a fully masked row stays a number
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));  // aligned(4): loads may be unaligned
+typedef int32_t i16 __attribute__((vector_size(64), aligned(4)));
+inline v16 load16(const float* p) { return *(const v16*)p; }
+inline void store16(float* p, v16 v) { *(v16*)p = v; }
+inline v16 splat(float x) { return v16{} + x; }
+inline float hsum(v16 v) {
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += v[i];
+  return s;
+}
+
+// e^x for x <= 0 on 16 lanes: 2^(x log2 e) as 2^floor * p(frac), p a degree-6 fit of 2^f on [0, 1) (relative error
+// about 1e-7); below about -87 it gives 2^-125 (a masked score's weight, about 1e-38)
+inline v16 vexp(v16 x) {
+  v16 t = x * 1.44269504f;
+  t = t < -125.f ? splat(-125.f) : t;
+  v16 fi = __builtin_convertvector(__builtin_convertvector(t, i16), v16);
+  fi = fi > t ? fi - 1.f : fi;  // floor for negative t
+  v16 f = t - fi;
+  v16 p = splat(2.1877505e-4f);
+  p = p * f + 1.2387822e-3f; p = p * f + 9.6845804e-3f; p = p * f + 5.5480428e-2f;
+  p = p * f + 2.4023050e-1f; p = p * f + 6.9314694e-1f; p = p * f + 1.0f;
+  i16 bits = (__builtin_convertvector(fi, i16) + 127) << 23;
+  return p * (v16)bits;
+}
+
+// sum a[i] * b[i], i < n
+inline float dot(const float* a, const float* b, int64_t n) {
+  v16 acc = {};
+  int64_t i = 0;
+  for (; i + BLK <= n; i += BLK) acc += load16(a + i) * load16(b + i);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y[i] += w * x[i], i < n
+inline void axpy(float w, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + BLK <= n; i += BLK) store16(y + i, load16(y + i) + w * load16(x + i));
+  for (; i < n; ++i) y[i] += w * x[i];
+}
+
+// w[0..m) <- softmax(w[0..m)), m a multiple of BLK (the tail holds MASKED scores)
+inline void softmax_blocks(float* w, int64_t m) {
+  v16 top16 = splat(MASKED);
+  for (int64_t j = 0; j < m; j += BLK) { v16 x = load16(w + j); top16 = x > top16 ? x : top16; }
+  float top = MASKED;
+  for (int i = 0; i < 16; ++i) top = std::max(top, top16[i]);
+  v16 sum = {};
+  for (int64_t j = 0; j < m; j += BLK) { v16 e = vexp(load16(w + j) - top); store16(w + j, e); sum += e; }
+  const float inverse = 1.f / hsum(sum);
+  for (int64_t j = 0; j < m; j += BLK) store16(w + j, load16(w + j) * inverse);
+}
+
+inline int64_t round_up(int64_t n) { return (n + BLK - 1) / BLK * BLK; }
+
+// T5's RMS norm of rows [n, D] (no mean subtracted), times gain where given (else folded into the next product)
+void rms(const at::Tensor& in, at::Tensor& out, double eps, const float* gain = nullptr) {
+  const int64_t n = in.size(0), D = in.size(1);
+  const float* a = in.data_ptr<float>();
+  float* b = out.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* x = a + r * D;
+    float* y = b + r * D;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < D; ++i) s += x[i] * x[i];
+    const float k = 1.f / std::sqrt(s / D + (float)eps);
+    if (gain) for (int64_t i = 0; i < D; ++i) y[i] = x[i] * k * gain[i];
+    else for (int64_t i = 0; i < D; ++i) y[i] = x[i] * k;
+  }
+}
+
+void relu_in_place(at::Tensor& x) {
+  float* p = x.data_ptr<float>();
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) p[i] = p[i] > 0.f ? p[i] : 0.f;
+}
+
+std::vector<at::Tensor> transposed(const std::vector<at::Tensor>& weights) {  // [out, in] -> [in, out]
+  std::vector<at::Tensor> out;
+  for (const auto& w : weights) out.push_back(w.t().contiguous());
+  return out;
+}
+
+// every n-th tensor of a list, from the first
+std::vector<at::Tensor> every(const std::vector<at::Tensor>& all, size_t n, size_t first) {
+  std::vector<at::Tensor> out;
+  for (size_t i = first; i < all.size(); i += n) out.push_back(all[i]);
+  return out;
+}
+
+}  // namespace
+
+// A model's weights, folded and stacked by packed.py, transposed once here to [in, out].
+struct T5Weights {
+  int64_t L, D, H, d, I, F, V;
+  double eps, encoder_eps;
+  at::Tensor embed, output, cross_kv;  // decoder embedding [V, D] (the model's), output [D, V], [D, 2*L*I]
+  std::vector<at::Tensor> qkv, self_out, cross_query, cross_out, inner, outer;  // per decoder layer
+  at::Tensor encoder_embed, encoder_gain;                                        // [V, D], [D]
+  std::vector<at::Tensor> e_qkv, e_out, e_inner, e_outer;                        // per encoder layer
+
+  // decoder: 6 weights per layer (qkv, self_out, cross_query, cross_out, inner, outer); encoder: 4 per layer
+  T5Weights(std::vector<at::Tensor> decoder, at::Tensor embed_, at::Tensor output_, at::Tensor cross_kv_,
+            std::vector<at::Tensor> encoder, at::Tensor encoder_embed_, at::Tensor encoder_gain_, int64_t heads,
+            double eps_, double encoder_eps_)
+      : H(heads), eps(eps_), encoder_eps(encoder_eps_) {
+    TORCH_CHECK(decoder.size() % 6 == 0 && encoder.size() % 4 == 0, "T5Weights: 6 weights per decoder layer, 4 per "
+                "encoder layer");
+    auto all = transposed(decoder);
+    qkv = every(all, 6, 0); self_out = every(all, 6, 1); cross_query = every(all, 6, 2);
+    cross_out = every(all, 6, 3); inner = every(all, 6, 4); outer = every(all, 6, 5);
+    auto enc = transposed(encoder);
+    e_qkv = every(enc, 4, 0); e_out = every(enc, 4, 1); e_inner = every(enc, 4, 2); e_outer = every(enc, 4, 3);
+    embed = embed_.contiguous(); encoder_embed = encoder_embed_.contiguous();
+    encoder_gain = encoder_gain_.contiguous();
+    output = output_.t().contiguous(); cross_kv = cross_kv_.t().contiguous();
+    L = (int64_t)qkv.size(); D = embed.size(1); V = output.size(1); I = qkv[0].size(1) / 3; d = I / H;
+    F = inner[0].size(1);
+    TORCH_CHECK(L > 0 && I == H * d && cross_kv.size(1) == 2 * L * I, "T5Weights: inconsistent shapes");
+  }
+
+  // The encoder on the source tokens only (the padding is left out of products and attention): ids [B, S] int64,
+  // mask [B, S] (nonzero: a token; none: every position), bias [H, S, S] (the model's compute_bias). Returns the
+  // last hidden state [B, S, D], final norm applied, zeros at the padding.
+  at::Tensor encode(at::Tensor ids, c10::optional<at::Tensor> mask, at::Tensor bias) {
+    const int64_t B = ids.size(0), S = ids.size(1), Sp = round_up(S);
+    ids = ids.to(at::kLong).contiguous();
+    bias = bias.contiguous();
+    std::vector<int64_t> row(B * S, -1), flat;  // [B*S] -> row among the tokens (-1: padding), and back
+    at::Tensor m = mask.has_value() && mask->defined() ? mask->to(at::kLong).contiguous() : at::Tensor();
+    const int64_t* mp = m.defined() ? m.data_ptr<int64_t>() : nullptr;
+    for (int64_t r = 0; r < B * S; ++r)
+      if (!mp || mp[r] != 0) { row[r] = (int64_t)flat.size(); flat.push_back(r); }
+    const int64_t M = (int64_t)flat.size();
+    auto f = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor X = at::empty({M, D}, f), Hn = at::empty({M, D}, f), QKV = at::empty({M, 3 * I}, f),
+               A = at::empty({M, I}, f), FF = at::empty({M, F}, f);
+    const int64_t* id = ids.data_ptr<int64_t>();
+    const float* e = encoder_embed.data_ptr<float>();
+    float* xp = X.data_ptr<float>();
+    for (int64_t r = 0; r < M; ++r) std::copy(e + id[flat[r]] * D, e + id[flat[r]] * D + D, xp + r * D);
+    const float* eb = bias.data_ptr<float>();
+    for (size_t l = 0; l < e_qkv.size(); ++l) {
+      rms(X, Hn, encoder_eps);
+      at::mm_out(QKV, Hn, e_qkv[l]);
+      const float* q = QKV.data_ptr<float>();
+      float* ap = A.data_ptr<float>();
+      at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> w(Sp);
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t b = flat[r] / S, i = flat[r] % S;
+          const int64_t* keys = row.data() + b * S;
+          for (int64_t h = 0; h < H; ++h) {
+            const float* qi = q + r * 3 * I + h * d;
+            for (int64_t j = 0; j < Sp; ++j)
+              w[j] = (j < S && keys[j] >= 0) ? dot(qi, q + keys[j] * 3 * I + I + h * d, d) + eb[(h * S + i) * S + j]
+                                             : MASKED;
+            softmax_blocks(w.data(), Sp);
+            float* out = ap + r * I + h * d;
+            std::fill(out, out + d, 0.f);
+            for (int64_t j = 0; j < S; ++j)
+              if (keys[j] >= 0) axpy(w[j], q + keys[j] * 3 * I + 2 * I + h * d, out, d);
+          }
+        }
+      });
+      X.addmm_(A, e_out[l]);
+      rms(X, Hn, encoder_eps);
+      at::mm_out(FF, Hn, e_inner[l]);
+      relu_in_place(FF);
+      X.addmm_(FF, e_outer[l]);
+    }
+    rms(X, Hn, encoder_eps, encoder_gain.data_ptr<float>());
+    at::Tensor out = at::zeros({B * S, D}, f);
+    out.index_copy_(0, at::tensor(flat, at::TensorOptions().dtype(at::kLong)), Hn);
+    return out.view({B, S, D});
+  }
+};
+
+// One decode: the cross-attention keys and values of its examples, and the steps so far.
+struct T5Decode {
+  std::shared_ptr<T5Weights> w;
+  int64_t B, S, Sp;
+  at::Tensor cross_keys, cross_values;  // [L, B, H, d, Sp] (keys transposed per head, zero-padded), [L, B, S, I]
+  std::vector<float> cross_mask;        // [B, Sp]: 0 at a token, MASKED elsewhere
+  at::Tensor bias;                      // [H, T]: the self-attention bias by distance (query - key)
+  std::vector<at::Tensor> past;         // per position: [L, N_t, 3I] (queries, keys, values)
+  std::vector<std::vector<int64_t>> parent;  // per position: each row's row at the position before
+  std::vector<int64_t> example;         // per row of the last step: its example
+
+  // hidden [B, S, D] (the encoder output), mask [B, S] (nonzero: a token; none: every position), bias [H, T]
+  T5Decode(std::shared_ptr<T5Weights> weights, at::Tensor hidden, c10::optional<at::Tensor> mask, at::Tensor bias_)
+      : w(std::move(weights)) {
+    const int64_t L = w->L, H = w->H, d = w->d, I = w->I;
+    B = hidden.size(0); S = hidden.size(1); Sp = round_up(S);
+    set_bias(bias_);
+    hidden = hidden.contiguous().view({B * S, w->D});
+    at::Tensor m = mask.has_value() && mask->defined() ? mask->to(at::kLong).contiguous() : at::Tensor();
+    const int64_t* mp = m.defined() ? m.data_ptr<int64_t>() : nullptr;
+    std::vector<int64_t> flat;
+    cross_mask.assign(B * Sp, MASKED);
+    for (int64_t r = 0; r < B * S; ++r)
+      if (!mp || mp[r] != 0) { flat.push_back(r); cross_mask[(r / S) * Sp + r % S] = 0.f; }
+    at::Tensor tokens = hidden.index_select(0, at::tensor(flat, at::TensorOptions().dtype(at::kLong)));
+    at::Tensor kv = at::mm(tokens, w->cross_kv);  // [M, 2*L*I]: (layer, key or value, head, d)
+    auto f = at::TensorOptions().dtype(at::kFloat);
+    cross_keys = at::zeros({L, B, H, d, Sp}, f);
+    cross_values = at::zeros({L, B, S, I}, f);
+    float* ck = cross_keys.data_ptr<float>();
+    float* cv = cross_values.data_ptr<float>();
+    const float* p = kv.data_ptr<float>();
+    for (size_t r = 0; r < flat.size(); ++r) {
+      const int64_t b = flat[r] / S, s = flat[r] % S;
+      for (int64_t l = 0; l < L; ++l) {
+        const float* k = p + r * 2 * L * I + 2 * l * I;
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < d; ++i) ck[(((l * B + b) * H + h) * d + i) * Sp + s] = k[h * d + i];
+        std::copy(k + I, k + 2 * I, cv + ((l * B + b) * S + s) * I);
+      }
+    }
+  }
+
+  void set_bias(at::Tensor bias_) { bias = bias_.to(at::kFloat).contiguous(); }
+  int64_t capacity() const { return bias.size(1); }
+  int64_t length() const { return (int64_t)past.size(); }
+
+  // The rows' parents: given (a reorder, an expansion, finished examples left out) or the rows of the step before.
+  void link(int64_t N, const c10::optional<at::Tensor>& parents) {
+    const int64_t t = length();
+    std::vector<int64_t> link(N);
+    if (t == 0) {
+      TORCH_CHECK(N == B && !(parents.has_value() && parents->defined()), "the first position has one row per example");
+      for (int64_t n = 0; n < N; ++n) { link[n] = n; }
+      example = link;
+    } else if (parents.has_value() && parents->defined()) {
+      at::Tensor p = parents->to(at::kLong).contiguous();
+      TORCH_CHECK(p.numel() == N, "one parent per row");
+      const int64_t* pp = p.data_ptr<int64_t>();
+      const int64_t before = (int64_t)example.size();
+      std::vector<int64_t> moved(N);
+      for (int64_t n = 0; n < N; ++n) {
+        TORCH_CHECK(pp[n] >= 0 && pp[n] < before, "a parent row out of range");
+        link[n] = pp[n]; moved[n] = example[pp[n]];
+      }
+      example = moved;
+    } else {
+      TORCH_CHECK(N == (int64_t)example.size(), "a step without parents has the rows of the step before");
+      for (int64_t n = 0; n < N; ++n) link[n] = n;
+    }
+    parent.push_back(std::move(link));
+  }
+
+  // One position for every row: tokens [N] int64, parents [N] (rows of the step before; none: the same rows).
+  // Returns the logits [N, V], a new tensor.
+  at::Tensor step(at::Tensor tokens, c10::optional<at::Tensor> parents) {
+    const int64_t L = w->L, D = w->D, H = w->H, d = w->d, I = w->I, T = capacity();
+    const int64_t N = tokens.size(0), t = length();
+    TORCH_CHECK(t < T, "step: no position bias past the capacity (grow it first)");
+    link(N, parents);
+    tokens = tokens.to(at::kLong).contiguous();
+    auto f = at::TensorOptions().dtype(at::kFloat);
+    past.push_back(at::empty({L, N, 3 * I}, f));
+    // each row's rows at every position so far, shared by the layers: [N, t+1]
+    std::vector<int64_t> chain(N * (t + 1));
+    for (int64_t n = 0; n < N; ++n) {
+      int64_t r = n;
+      int64_t* c = chain.data() + n * (t + 1);
+      c[t] = r;
+      for (int64_t j = t; j > 0; --j) { r = parent[j][r]; c[j - 1] = r; }
+    }
+    std::vector<int64_t> rows(t + 1);
+    for (int64_t j = 0; j <= t; ++j) rows[j] = past[j].size(1);
+    at::Tensor X = at::empty({N, D}, f), Hn = at::empty({N, D}, f), A = at::empty({N, I}, f),
+               Q = at::empty({N, I}, f), FF = at::empty({N, w->F}, f);
+    const int64_t* tok = tokens.data_ptr<int64_t>();
+    const float* e = w->embed.data_ptr<float>();
+    float* xp = X.data_ptr<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      TORCH_CHECK(tok[n] >= 0 && tok[n] < w->embed.size(0), "a token out of the vocabulary");
+      std::copy(e + tok[n] * D, e + tok[n] * D + D, xp + n * D);
+    }
+    const float* bs = bias.data_ptr<float>();
+    const int64_t m = round_up(t + 1);
+    for (int64_t l = 0; l < L; ++l) {
+      rms(X, Hn, w->eps);
+      at::Tensor now = past[t].select(0, l);  // [N, 3I]
+      at::mm_out(now, Hn, w->qkv[l]);
+      float* ap = A.data_ptr<float>();
+      const float* q = now.data_ptr<float>();
+      at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> weights(H * m);
+        for (int64_t n = begin; n < end; ++n) {
+          const int64_t* c = chain.data() + n * (t + 1);
+          const float* qn = q + n * 3 * I;
+          std::fill(weights.begin(), weights.end(), MASKED);
+          for (int64_t j = 0; j <= t; ++j) {
+            const float* k = past[j].data_ptr<float>() + (l * rows[j] + c[j]) * 3 * I + I;
+            for (int64_t h = 0; h < H; ++h) weights[h * m + j] = dot(qn + h * d, k + h * d, d) + bs[h * T + (t - j)];
+          }
+          for (int64_t h = 0; h < H; ++h) softmax_blocks(weights.data() + h * m, m);
+          float* out = ap + n * I;
+          std::fill(out, out + I, 0.f);
+          for (int64_t j = 0; j <= t; ++j) {
+            const float* v = past[j].data_ptr<float>() + (l * rows[j] + c[j]) * 3 * I + 2 * I;
+            for (int64_t h = 0; h < H; ++h) axpy(weights[h * m + j], v + h * d, out + h * d, d);
+          }
+        }
+      });
+      X.addmm_(A, w->self_out[l]);
+      rms(X, Hn, w->eps);
+      at::mm_out(Q, Hn, w->cross_query[l]);
+      cross_attention(l, Q, A);
+      X.addmm_(A, w->cross_out[l]);
+      rms(X, Hn, w->eps);
+      at::mm_out(FF, Hn, w->inner[l]);
+      relu_in_place(FF);
+      X.addmm_(FF, w->outer[l]);
+    }
+    rms(X, Hn, w->eps);
+    return at::mm(Hn, w->output);
+  }
+
+  // Each row's attention over its example's encoder output: queries [N, I] -> out [N, I] (scores vectorized over
+  // source positions, the keys being stored transposed per head)
+  void cross_attention(int64_t l, const at::Tensor& queries, at::Tensor& out) {
+    const int64_t H = w->H, d = w->d, I = w->I, N = queries.size(0);
+    const float* q = queries.data_ptr<float>();
+    const float* keys = cross_keys.data_ptr<float>() + l * B * H * d * Sp;
+    const float* values = cross_values.data_ptr<float>() + l * B * S * I;
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> w_(Sp);
+      float* wt = w_.data();
+      for (int64_t n = begin; n < end; ++n) {
+        const int64_t b = example[n];
+        const float* qn = q + n * I;
+        for (int64_t h = 0; h < H; ++h) {
+          const float* kt = keys + ((b * H + h) * d) * Sp;
+          const float* qh = qn + h * d;
+          for (int64_t j = 0; j < Sp; j += BLK) {
+            v16 a0 = load16(cross_mask.data() + b * Sp + j), a1 = {}, a2 = {}, a3 = {};  // 4 chains: FMA latency
+            int64_t i = 0;
+            for (; i + 4 <= d; i += 4) {
+              a0 += qh[i] * load16(kt + i * Sp + j);
+              a1 += qh[i + 1] * load16(kt + (i + 1) * Sp + j);
+              a2 += qh[i + 2] * load16(kt + (i + 2) * Sp + j);
+              a3 += qh[i + 3] * load16(kt + (i + 3) * Sp + j);
+            }
+            for (; i < d; ++i) a0 += qh[i] * load16(kt + i * Sp + j);
+            store16(wt + j, (a0 + a1) + (a2 + a3));
+          }
+          softmax_blocks(wt, Sp);
+          float* o = op + n * I + h * d;
+          std::fill(o, o + d, 0.f);
+          for (int64_t j = 0; j < S; ++j) axpy(wt[j], values + (b * S + j) * I + h * d, o, d);
+        }
+      }
+    });
+  }
+};
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<T5Weights, std::shared_ptr<T5Weights>>(m, "T5Weights")
+      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
+                          at::Tensor, at::Tensor, int64_t, double, double>())
+      .def("encode", &T5Weights::encode);
+  pybind11::class_<T5Decode>(m, "T5Decode")
+      .def(pybind11::init<std::shared_ptr<T5Weights>, at::Tensor, c10::optional<at::Tensor>, at::Tensor>())
+      .def("set_bias", &T5Decode::set_bias)
+      .def("capacity", &T5Decode::capacity)
+      .def("length", &T5Decode::length)
+      .def("step", &T5Decode::step);
+}

@@ -1,0 +1,234 @@
+"""The fast T5 step as one C++ call per decoding step (``native.cpp``), the default for float32 T5 models on the CPU
+where a C++ compiler is available.
+
+The eager fast step (``fast.py``) runs about 270 PyTorch operator calls per step, 1.5-2 ms before any arithmetic on
+the embedded G2P model. This step computes the same thing, from the same packed weights, in one call: its products
+through ATen from C++ (19 per step on a 2-layer model, no Python, no autograd), everything else (norms, attention
+over the cache and over the encoder output, ReLU) in plain vectorized loops. The encoder runs the same way
+(:func:`native_t5_encode`), on the source tokens only.
+
+- **The cache is never copied.** Each step keeps its own product of every layer's queries, keys and values and,
+  per row, the row of the step before that it continues; a row's earlier keys are found by walking that chain once
+  per step. The engine's reorders (beams, the expansion to beams, finished examples leaving the batch) are recorded
+  in the state's place for the cache (:class:`NativeDecoder`) and handed to the next call as its parent rows.
+- **Built at first use.** ``torch.utils.cpp_extension.load`` compiles ``native.cpp`` once (about 35 s) into a
+  cache keyed by the source, torch, Python, the compiler flags and the CPU (the code is built for the CPU it runs
+  on, ``-march=native``, so a binary is never loaded on another CPU or torch): ``$BEAMSEARCH_NATIVE_CACHE``, else
+  ``$XDG_CACHE_HOME/beamsearch/native``, else ``~/.cache/beamsearch/native``. Later processes load it in a fraction of
+  a second. Where no compiler is available or the build fails, one warning says so and the eager fast step runs.
+- **Turned off** by ``BEAMSEARCH_NATIVE=0`` (then the eager fast step runs); with
+  ``logging.getLogger("beamsearch").setLevel(logging.DEBUG)`` the chooser says why it did not run a call.
+
+What it runs: any T5 / mT5 model the fast step runs (its gate and conditions, asked first by the chooser) with
+ReLU feed-forward blocks, float32, on the CPU; any head size, number of heads and layers, source length and
+length. int8 models (:func:`beamsearch.quantize_int8`) keep the eager fast step. Results equal the eager fast step's
+to float rounding (another order of float operations, and a polynomial ``exp`` of relative error 1e-7).
+
+Legend: B batch, K rows per example, N = B*K, V vocabulary, S source length, H heads, T positions of the bias table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...hf_compat import t5_position_bias
+from .packed import fast_weights, is_int8
+
+LOG = logging.getLogger("beamsearch")
+SOURCE = Path(__file__).with_name("native.cpp")
+ENVIRONMENT = "BEAMSEARCH_NATIVE"
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd")
+_OFF = ("0", "false", "no", "off")
+_MODULE: list[Any] = []  # [module] once built or loaded, [None] once it failed
+_FAILURE: list[str] = []  # why it failed
+
+
+def native_disabled() -> bool:
+    """Whether ``BEAMSEARCH_NATIVE`` turns the native step off (``0``, ``false``, ``no``, ``off``)."""
+    return os.environ.get(ENVIRONMENT, "").strip().lower() in _OFF
+
+
+def native_reason(model: Any) -> str | None:
+    """Why the native step cannot run this model (None: it can), beyond the fast step's conditions and gate, which
+    the chooser has asked first. Builds the extension on the first call that gets that far."""
+    if native_disabled():
+        return f"{ENVIRONMENT}={os.environ[ENVIRONMENT]} turns it off"
+    weight = model.decoder.embed_tokens.weight
+    if weight.device.type != "cpu":
+        return f"the model is on {weight.device.type} (the native step runs on the CPU)"
+    if is_int8(model.decoder.block[0].layer[0].SelfAttention.q):
+        return "an int8 model (the native step computes float32 products; int8 runs the eager fast step)"
+    if weight.dtype != torch.float32:
+        return f"the model's dtype is {weight.dtype} (the native step computes float32)"
+    for stack in (model.encoder, model.decoder):
+        for block in stack.block:
+            activation = getattr(block.layer[-1].DenseReluDense, "act", None)
+            if type(activation) is not torch.nn.ReLU:
+                return f"the feed-forward activation is {type(activation).__name__} (the native step computes ReLU)"
+    return extension_reason()
+
+
+def extension_reason() -> str | None:
+    """Why the extension is not available (None: it is loaded); builds or loads it on the first call."""
+    return None if extension() is not None else _FAILURE[0]
+
+
+def extension() -> Any:
+    """The compiled extension, built or loaded on the first call (None where that failed: one warning, then the
+    eager fast step runs)."""
+    if not _MODULE:
+        try:
+            _MODULE.append(_load())
+        except Exception as error:  # a compiler's or loader's error of any kind: the eager step runs instead
+            lines = str(error).strip().splitlines()
+            errors = [line.strip() for line in lines if "error" in line.lower()]  # the compiler's, past the command
+            _FAILURE.append((errors[1:] or errors or lines or [type(error).__name__])[0][:300])
+            _MODULE.append(None)
+            warnings.warn(f"beamsearch: the native T5 step is not available ({_FAILURE[0]}); the eager fast step "
+                          f"runs instead (set {ENVIRONMENT}=0 to skip the build)", RuntimeWarning, stacklevel=3)
+    return _MODULE[0]
+
+
+def _load() -> Any:
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler ({compiler!r} is not on PATH)")
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        raise RuntimeError("ninja is not on PATH (torch.utils.cpp_extension builds with it)")
+    key = build_key()
+    folder = cache_root() / key
+    folder.mkdir(parents=True, exist_ok=True)
+    LOG.info("beamsearch: loading the native T5 step from %s (built there on first use, about 35 s)", folder)
+    return cpp_extension.load(name=f"beamsearch_t5_native_{key}", sources=[str(SOURCE)],
+                              build_directory=str(folder), extra_cflags=list(FLAGS), verbose=False)
+
+
+def cache_root() -> Path:
+    """Where built extensions are kept: ``$BEAMSEARCH_NATIVE_CACHE``, else the user's cache folder."""
+    if os.environ.get("BEAMSEARCH_NATIVE_CACHE"):
+        return Path(os.environ["BEAMSEARCH_NATIVE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "beamsearch" / "native"
+
+
+def build_key() -> str:
+    """A name for one build: the source, torch and Python, the compiler and flags, and the CPU (the code is built
+    for the CPU it runs on, so that a cache shared between machines never loads one CPU's binary on another)."""
+    parts = [SOURCE.read_bytes().decode(), torch.__version__, str(torch.version.git_version), sys.version,
+             platform.machine(), platform.system(), _cpu(), " ".join(FLAGS), os.environ.get("CXX", "c++")]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _cpu() -> str:
+    """The CPU's model and feature flags (Linux: the first processor of /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    first = text.split("\n\n")[0]
+    return "\n".join(line for line in first.splitlines() if line.startswith(("vendor_id", "model", "cpu family",
+                                                                              "flags", "Features", "CPU part")))
+
+
+# ---------------------------------------------------------------------------------------------------- the model
+
+
+def native_weights(model: Any) -> Any:
+    """The extension's copy of the fast step's packed weights (made once per packing: replaced or updated weights
+    are packed again, :func:`~.packed.fast_weights`, and so copied again here)."""
+    packed = fast_weights(model)
+    if packed.native is None:
+        decoder = [layer[name].weight for layer in packed.decoder_layers
+                   for name in ("qkv", "self_out", "cross_query", "cross_out", "inner", "outer")]
+        encoder = [layer[name].weight for layer in packed.encoder_layers for name in ("qkv", "self_out", "inner", "outer")]
+        packed.native = extension().T5Weights(
+            decoder, model.decoder.embed_tokens.weight.detach(), packed.output.weight,
+            packed.cross_keys_values.weight, encoder, model.encoder.embed_tokens.weight.detach(),
+            model.encoder.final_layer_norm.weight.detach(), packed.heads, packed.epsilon, packed.encoder_epsilon)
+        packed.native_bias = {}
+    return packed.native
+
+
+def native_t5_encode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """T5's encoder in one call: ``input_ids [B, S]`` -> last hidden state ``[B, S, D]`` (float32; equal to the
+    model's encoder to float rounding at the source tokens, zeros at the padding)."""
+    native = native_weights(model)
+    packed = fast_weights(model)
+    length = input_ids.shape[1]
+    bias = packed.native_bias.get(length)
+    if bias is None:  # the model's own relative position bias [H, S, S], once per source length
+        bias = packed.encoder_bias_module.compute_bias(length, length, device=input_ids.device)[0].contiguous()
+        packed.native_bias[length] = bias
+    return native.encode(input_ids, attention_mask, bias)
+
+
+def native_encoder(model: Any) -> Any:
+    """The encode function for :func:`beamsearch.adapters.hf_inputs.prepare` (None where the native step cannot run
+    this model)."""
+    if native_reason(model) is not None:
+        return None
+    return lambda input_ids, attention_mask: native_t5_encode(model, input_ids, attention_mask)
+
+
+def _bias_by_distance(module: Any, capacity: int, device: torch.device) -> torch.Tensor:
+    """The decoder's self-attention bias ``[H, T]`` by distance (query position - key position), from the model's
+    own ``compute_bias`` for the query at ``T - 1``."""
+    bias = t5_position_bias(module, capacity - 1, device)  # [1, H, 1, T]: keys 0..T-1
+    return bias[0, :, 0].flip(-1).float().contiguous()
+
+
+class NativeDecoder:
+    """The native step's decoder state, in the place of the fast state's cache (:class:`~.fast.FastT5State` with
+    ``native=True``): the extension's decode (the encoder output's cross-attention keys and values, every step's
+    products and parent rows) and the reorder to apply at its next step.
+
+    It answers the cache's interface the lean state's rules call (``capacity``, ``rows``, ``grow``, ``reorder``,
+    ``gather_rows``), so that the fast state's prefill, reorders and finished examples run as they do for the eager
+    fast step; a reorder is recorded, never applied to a tensor.
+    """
+
+    def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int):
+        self.bias_module = model.decoder.block[0].layer[0].SelfAttention
+        self.device = encoder_hidden.device
+        self.capacity = max(int(max_length), 1)
+        bias = _bias_by_distance(self.bias_module, self.capacity, self.device)
+        mask = None if source_mask is None or bool(source_mask.all()) else source_mask
+        self.decode = extension().T5Decode(native_weights(model), encoder_hidden.float(), mask, bias)
+        self.last_rows = encoder_hidden.shape[0]  # the rows of the last step (one per example before the first)
+        self.parents: torch.Tensor | None = None  # [N] the rows of the last step each row continues, until applied
+
+    @property
+    def rows(self) -> int:
+        """The rows the next step computes (before the first: one per example)."""
+        return self.last_rows if self.parents is None else self.parents.shape[0]
+
+    def grow(self, length: int) -> None:
+        """Room for positions past ``capacity`` (a stopping rule of the caller's went past max_length)."""
+        self.capacity = max(2 * self.capacity, length + 1)
+        self.decode.set_bias(_bias_by_distance(self.bias_module, self.capacity, self.device))
+
+    def reorder(self, index: torch.Tensor, length: int = 0) -> None:
+        """Record a reorder ``index [N']`` of the rows (beams, expansion, finished examples left out): the next
+        step applies it, composed with any recorded before."""
+        self.parents = index if self.parents is None else self.parents.index_select(0, index)
+
+    gather_rows = reorder
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One position for every row: tokens ``[N]`` -> logits ``[N, V]`` (float32, a new tensor)."""
+        logits = self.decode.step(tokens, self.parents)
+        self.parents = None
+        self.last_rows = tokens.shape[0]
+        return logits
