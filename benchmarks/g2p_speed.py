@@ -5,8 +5,9 @@ Decodes the first ``--words`` test words (lowercased, as the CLI feeds the embed
 ``--beams``, with every engine in one process on the same inputs:
 
 - ``hf``: transformers' ``generate`` (which ignores the model's ``loop_guard`` and source-tied length limit);
-- ``ours``: beamsearch's default (the fast T5 step: packed weights, fused products, its own attention; equal to
-  float rounding);
+- ``ours``: beamsearch's default (the fast T5 step: packed weights, fused products, its own attention, equal to
+  float rounding; native: one C++ call per step and per encoder batch, ``steps/t5/native.py``);
+- ``ours-eager``: the eager fast step (the same with ``BEAMSEARCH_NATIVE=0``: about 270 PyTorch calls per step);
 - ``ours-lean``: ``lean_step=True`` (the lean T5 step: the model's own kernels, logits equal to transformers');
 - ``ours-int8``: ours on ``quantize_int8(model)`` with the fast step (``lean_step="fast"``, what the CLI's
   ``--int8`` runs: the folded weights requantized per output row);
@@ -43,7 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 G2P_DIR = ROOT / "src" / "beamsearch" / "models" / "g2p_cmudict"
 WORDS = ROOT / "src" / "beamsearch" / "data" / "cmudict" / "test.tsv"
-ENGINES = ("ours", "ours-lean", "ours-int8", "ct2-fp32", "ct2-int8", "hf")
+ENGINES = ("ours", "ours-eager", "ours-lean", "ours-int8", "ct2-fp32", "ct2-int8", "hf")
 TARGETS = {"ours": 1.0, "ours-int8": 1.25}  # time over CTranslate2's at the same precision (issue 29)
 AGREEMENT = 0.99  # the share of words whose best output equals CTranslate2's (issue 29)
 
@@ -52,18 +53,39 @@ def precision(engine: str) -> str:
     return "int8" if engine.endswith("int8") else "fp32"
 
 
-def ours_engine(model, tokenizer, batches: list[list[str]], beams: int, **options):
+def ours_engine(model, tokenizer, batches: list[list[str]], beams: int, native: bool = True, **options):
+    """beamsearch on the batches; ``native=False``: with ``BEAMSEARCH_NATIVE=0`` (the eager fast step)."""
     from beamsearch.adapters.hf import search_model
 
     def run() -> list[list[str]]:
-        outputs = []
-        for words in batches:
-            inputs = tokenizer(words, return_tensors="pt", padding=True)
-            result = search_model(model, **inputs, num_beams=beams, **options)
-            outputs += [tokenizer.decode(row[0], skip_special_tokens=True).split() for row in result.sequences]
+        before = os.environ.get("BEAMSEARCH_NATIVE")
+        if not native:
+            os.environ["BEAMSEARCH_NATIVE"] = "0"
+        try:
+            outputs = []
+            for words in batches:
+                inputs = tokenizer(words, return_tensors="pt", padding=True)
+                result = search_model(model, **inputs, num_beams=beams, **options)
+                outputs += [tokenizer.decode(row[0], skip_special_tokens=True).split() for row in result.sequences]
+        finally:
+            if before is None:
+                os.environ.pop("BEAMSEARCH_NATIVE", None)
+            else:
+                os.environ["BEAMSEARCH_NATIVE"] = before
         return outputs
 
     return run
+
+
+def cpu_name() -> str:
+    """The CPU's model name (as ``lscpu`` prints it), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def hf_engine(model, tokenizer, batches: list[list[str]], beams: int):
@@ -164,7 +186,7 @@ def main(argv=None) -> None:
         translators, notes = load_ct2(Path(work), args.threads, {n for n in names if n.startswith("ct2")})
         order = "in file order" if args.unsorted else "sorted by length"
         print(f"{len(words)} CMUdict test words, batches of {args.batch} {order}; "
-              f"{platform.processor() or platform.machine()}, {args.threads} thread(s); torch {torch.__version__}, "
+              f"{cpu_name()} ({os.cpu_count()} CPUs), {args.threads} thread(s); torch {torch.__version__}, "
               f"transformers {transformers.__version__}, ctranslate2 "
               f"{sys.modules['ctranslate2'].__version__ if translators else '-'}; median of {args.repeats} "
               f"interleaved rounds; load average before: {load()}")
@@ -180,7 +202,8 @@ def main(argv=None) -> None:
                 return hf_engine(model, tokenizer, batches, beams)
             if name.startswith("ct2"):
                 return ct2_engine(translators[name], tokenizer, batches, beams, max_new_tokens)
-            step = {"ours": {}, "ours-lean": {"lean_step": True}, "ours-int8": {"lean_step": "fast"}}[name]
+            step = {"ours": {}, "ours-eager": {"native": False}, "ours-lean": {"lean_step": True},
+                    "ours-int8": {"lean_step": "fast"}}[name]
             return ours_engine(quantized if name == "ours-int8" else model, tokenizer, batches, beams, **step)
 
         with torch.no_grad():

@@ -152,7 +152,8 @@ def native_weights(model: Any) -> Any:
     if packed.native is None:
         decoder = [layer[name].weight for layer in packed.decoder_layers
                    for name in ("qkv", "self_out", "cross_query", "cross_out", "inner", "outer")]
-        encoder = [layer[name].weight for layer in packed.encoder_layers for name in ("qkv", "self_out", "inner", "outer")]
+        encoder = [layer[name].weight for layer in packed.encoder_layers
+                   for name in ("qkv", "self_out", "inner", "outer")]
         packed.native = extension().T5Weights(
             decoder, model.decoder.embed_tokens.weight.detach(), packed.output.weight,
             packed.cross_keys_values.weight, encoder, model.encoder.embed_tokens.weight.detach(),
