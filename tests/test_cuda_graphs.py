@@ -307,7 +307,7 @@ def test_models_without_a_graph_step_and_bad_values_are_refused() -> None:
     with pytest.raises(ValueError, match="cuda_graphs=True runs T5, GPT-2, Llama, Qwen2 and Mistral models .* "
                        "model_type 'bart'"):
         beamsearch.generate(bart, input_ids=ids, max_new_tokens=3, cuda_graphs=True)
-    with pytest.raises(ValueError, match="cuda_graphs must be True or False, got 'yes'"):
+    with pytest.raises(ValueError, match="cuda_graphs must be None, True or False, got 'yes'"):
         beamsearch.generate(bart, input_ids=ids, max_new_tokens=3, cuda_graphs="yes")
     from beamsearch.adapters.hf_ensemble import search_ensemble
 
@@ -455,3 +455,47 @@ def test_the_capture_path_with_a_stand_in_for_the_device(keeping, monkeypatch) -
             if event == "read":
                 reads.append(done)
         assert reads == [4, 8, 10]  # every 4 steps and after the last
+
+
+def test_on_cuda_the_default_takes_the_graph_path_where_the_call_allows_it(monkeypatch, caplog) -> None:
+    """``cuda_graphs`` unset: the graph path where steps are captured (CUDA; here the CPU stands in for it) and the
+    call and the model allow it, else the eager path with the reason at debug level; ``cuda_graphs=False`` turns it
+    off; on the CPU the default stays eager."""
+    import logging
+
+    from beamsearch.adapters import hf as hf_adapter
+
+    model, ids, mask = model_and_inputs("gpt2", 3)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, num_beams=3)
+    ran = []
+    original = hf_adapter.graph_search
+    monkeypatch.setattr(hf_adapter, "graph_search", lambda *args, **kw: ran.append(1) or original(*args, **kw))
+    search_model(model, **kwargs)
+    assert ran == []  # the CPU: eager
+    monkeypatch.setattr(hf_adapter, "captures", lambda device: True)
+    default = search_model(model, **kwargs)
+    asked = search_model(model, cuda_graphs=True, **kwargs)
+    assert ran == [1, 1]
+    assert torch.equal(default.sequences, asked.sequences)
+    assert torch.equal(default.sequences_scores, asked.sequences_scores)
+    search_model(model, cuda_graphs=False, **kwargs)
+    assert ran == [1, 1]
+    with caplog.at_level(logging.DEBUG, logger="beamsearch"):
+        search_model(model, do_sample=True, **kwargs)
+        handle = model.transformer.h[0].attn.register_forward_hook(lambda module, args, output: output)
+        try:
+            search_model(model, **kwargs)
+        finally:
+            handle.remove()
+    assert ran == [1, 1]
+    assert "the graph path (CUDA graphs) does not run this call: cannot capture do_sample=True" in caplog.text
+    assert "does not run this call: transformer.h.0.attn has a forward hook" in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize(("flags", "expected"), [([], None), (["--cuda-graphs"], True),
+                                                 (["--no-cuda-graphs"], False)])
+def test_the_command_line_asks_for_turns_off_or_leaves_the_graph_path_to_the_default(flags, expected) -> None:
+    from beamsearch.cli.flags import build_parser, generation_options
+
+    options = generation_options(build_parser().parse_args(["decode", "words.txt", *flags]))
+    assert options.get("cuda_graphs") == expected

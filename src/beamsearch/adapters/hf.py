@@ -10,23 +10,26 @@ sub-batches here.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import torch
 
 from ..engine import search
 from ..errors import SearchError
-from ..graphs.driver import graph_search
+from ..graphs.driver import captures, graph_search
 from ..hf_compat import generate_rows_reason, generation_config_for, warn_if_untested
 from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
-from ..steps.chooser import check_graph_call, fast_call_reason, fast_refusal, model_step
+from ..steps.chooser import check_graph_call, fast_call_reason, fast_refusal, graph_call_reason, model_step
 from ..steps.t5.fast import fast_encoder
 from ..streaming import streamer_listener
 from .hf_inputs import REJECTED_ARGUMENTS, encode_as_generate, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
 from .hf_outputs import to_hf_output
 from .hf_peft import base_model
+
+LOG = logging.getLogger("beamsearch")
 
 warn_if_untested()  # once, naming the tested releases, where another is installed
 
@@ -130,6 +133,10 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     if cuda_graphs:  # what a captured step cannot run is refused before anything is decoded
         check_graph_call(options, {**search_arguments, "stream_to": streamer}, lean, logits_processor,
                          stopping_criteria)
+    elif cuda_graphs is None:  # the default: the graph path on CUDA where the call and the model allow it
+        cuda_graphs = fast_reason is not None and _graphs_by_default(
+            model, setup, options, {**search_arguments, "stream_to": streamer}, lean, logits_processor,
+            stopping_criteria)
 
     def run(run_options: Any, arguments: dict[str, Any]) -> SearchResult:
         if cuda_graphs:
@@ -164,6 +171,17 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
     if streamer is not None:
         streamer.end()
     return result, config, options
+
+
+def _graphs_by_default(model, setup, options, arguments, lean, logits_processor, stopping_criteria) -> bool:
+    """Whether a call without ``cuda_graphs`` runs the graph path: on CUDA, where it can run the call
+    (``steps/chooser.graph_call_reason``); else the eager path, saying why at debug level."""
+    if not captures(setup["input_ids"].device):
+        return False
+    reason = graph_call_reason(model, setup, options, arguments, lean, logits_processor, stopping_criteria)
+    if reason is not None:
+        LOG.debug("beamsearch.generate: the graph path (CUDA graphs) does not run this call: %s", reason)
+    return reason is None
 
 
 def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs, max_rows):

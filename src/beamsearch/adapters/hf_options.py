@@ -20,10 +20,11 @@ def pop_search_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     Returns the keyword arguments for :func:`beamsearch.search`, those for the model step (``lean_step``,
     ``share_encoder_state``, ``compile_step``, ``exact_parity``, ``cuda_graphs``) and the other toolkits' options.
     """
-    exact, graphs = kwargs.pop("exact_parity", False), kwargs.pop("cuda_graphs", False)
-    for name, value in (("exact_parity", exact), ("cuda_graphs", graphs)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
+    exact, graphs = kwargs.pop("exact_parity", False), kwargs.pop("cuda_graphs", None)
+    if not isinstance(exact, bool):
+        raise ValueError(f"exact_parity must be True or False, got {exact!r}")
+    if graphs is not None and not isinstance(graphs, bool):  # None: the graph path where it can run, on CUDA
+        raise ValueError(f"cuda_graphs must be None, True or False, got {graphs!r}")
     search_arguments = {
         "tokenizer": kwargs.pop("tokenizer", None),
         "prefix_allowed_tokens_fn": kwargs.pop("prefix_allowed_tokens_fn", None),

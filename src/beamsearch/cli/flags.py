@@ -152,10 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
         step.add_argument("--lean-step", action="store_true", help="the lean step instead of the fast one (the "
                           "model's own kernels: logits equal to transformers' bit for bit; lean_step=True)")
         if many:
-            perf.add_argument("--cuda-graphs", action="store_true", help="each decoding step captured once in a "
-                              "CUDA graph and replayed (greedy and beam search; T5, GPT-2, Llama, Qwen2 and Mistral "
-                              "models; equal to float rounding; on a CPU the same step runs uncaptured; "
-                              "cuda_graphs=True, docs/usage.md)")
+            perf.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                              help="each decoding step captured once in a CUDA graph and replayed (greedy and beam "
+                              "search; T5, GPT-2, Llama, Qwen2 and Mistral models; equal to float rounding). Default: "
+                              "on CUDA where the call allows it; --cuda-graphs asks for it (an error where it cannot "
+                              "run; on a CPU the same step runs uncaptured), --no-cuda-graphs turns it off "
+                              "(cuda_graphs=True / False, docs/usage.md)")
         io.add_argument("--max-input-length", type=int, help="most input tokens, at most the model's limit "
                         "(default: the model's limit)")
         if many:
@@ -278,6 +280,6 @@ def generation_options(args: argparse.Namespace) -> dict[str, Any]:
         out["lean_step"] = "fast"
     elif getattr(args, "lean_step", False):
         out["lean_step"] = True
-    if getattr(args, "cuda_graphs", False):
-        out["cuda_graphs"] = True
+    if getattr(args, "cuda_graphs", None) is not None:
+        out["cuda_graphs"] = args.cuda_graphs
     return {k: v for k, v in out.items() if v is not None}
