@@ -80,6 +80,9 @@ class Row:
     tokens: dict[str, int] = field(default_factory=dict)  # engine -> generated tokens (best hypotheses)
     ties: dict[str, int] = field(default_factory=dict)  # engine -> differences from HF at HF's own near ties
     bad: dict[str, int] = field(default_factory=dict)  # engine -> differences from HF that are not near ties
+    # engine -> (rows whose best hypothesis differs from HF's, the largest float32 score deficit per token of ours
+    # against HF's among them): issue 39's rule for bfloat16 / float16 (suite_graphs.half_precision_rule)
+    rule: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def seconds(self, engine: str) -> float | None:
         timing = self.timings.get(engine)
@@ -107,8 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--time-budget", type=float, help="start no case after this many seconds (the report then "
                         "holds the cases finished)")
     parser.add_argument("--table", choices=("full", "graphs"), default="full",
-                        help="graphs: transformers, ours and ours-graphs (cuda_graphs=True) only, with cold times and "
-                        "near ties counted (suite_graphs.py); full: every engine's columns")
+                        help="graphs: transformers, ours (eager) and ours-graphs (the default on CUDA) only, with cold "
+                        "times, near ties and the half-precision rule (suite_graphs.py); full: every engine's columns")
     parser.add_argument("--plot", type=Path, default=Path(__file__).resolve().parent / "results" / "suite.png")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
@@ -144,7 +147,8 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
 
     inputs = workload.batch(batch, args.device)
     kwargs = workload.generation_kwargs(beams)
-    ours = engines.beamsearch_engine(workload, inputs, kwargs)
+    # ours: the eager path (on CUDA the default is the graph path where the call allows it: ours-graphs)
+    ours = engines.beamsearch_engine(workload, inputs, dict(kwargs, cuda_graphs=False))
     row.steps = engines.count_forwards(workload.model, ours)  # also ours' warm-up
     row.timings["ours"] = timed(ours, warm=True)
     if "ours-fast" in args.engines and workload.lean_t5:
@@ -169,7 +173,10 @@ def run_case(workload, ct2_models: dict, args, beams: int, batch: int, exact_che
         static = engines.beamsearch_engine(workload, inputs, dict(kwargs, compile_step="static"))
         row.timings["ours-static"] = timed(static)
     if "ours-graphs" in args.engines and workload.lean and not memory_only:
-        run = engines.beamsearch_engine(workload, inputs, dict(kwargs, cuda_graphs=True))
+        # the default, no option given: on CUDA the graph path (graph_timing checks that it took it), on a CPU
+        # cuda_graphs=True (the same step uncaptured; the default there is the eager path)
+        asked = {} if args.device == "cuda" else {"cuda_graphs": True}
+        run = engines.beamsearch_engine(workload, inputs, dict(kwargs, **asked))
         row.timings["ours-graphs"] = graphs.guarded(f"{workload.name} ours-graphs", lambda: graphs.graph_timing(
             run, args.repeats, args.device), args.notes)
     if "ours-int8" in args.engines and args.device == "cpu":
