@@ -168,7 +168,7 @@ class FastT5State(LeanT5State):
                  native: bool = False):
         self._start(model, encoder_hidden, source_mask, max_length, fixed_shape=False)
         self.weights = fast_weights(model)
-        self.native = NativeDecoder(model, encoder_hidden, source_mask, max_length) if native else None
+        self.native = NativeDecoder(model, encoder_hidden, source_mask, max_length, self.weights) if native else None
         if self.native is not None:
             return
         batch, length, width = encoder_hidden.shape

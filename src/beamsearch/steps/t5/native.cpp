@@ -315,6 +315,8 @@ struct T5Decode {
       at::mm_out(now, Hn, w->qkv[l]);
       float* ap = A.data_ptr<float>();
       const float* q = now.data_ptr<float>();
+      std::vector<const float*> layer(t + 1);  // each position's rows of this layer: [N_j, 3I]
+      for (int64_t j = 0; j <= t; ++j) layer[j] = past[j].data_ptr<float>() + l * rows[j] * 3 * I;
       at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
         std::vector<float> weights(H * m);
         for (int64_t n = begin; n < end; ++n) {
@@ -322,14 +324,14 @@ struct T5Decode {
           const float* qn = q + n * 3 * I;
           std::fill(weights.begin(), weights.end(), MASKED);
           for (int64_t j = 0; j <= t; ++j) {
-            const float* k = past[j].data_ptr<float>() + (l * rows[j] + c[j]) * 3 * I + I;
+            const float* k = layer[j] + c[j] * 3 * I + I;
             for (int64_t h = 0; h < H; ++h) weights[h * m + j] = dot(qn + h * d, k + h * d, d) + bs[h * T + (t - j)];
           }
           for (int64_t h = 0; h < H; ++h) softmax_blocks(weights.data() + h * m, m);
           float* out = ap + n * I;
           std::fill(out, out + I, 0.f);
           for (int64_t j = 0; j <= t; ++j) {
-            const float* v = past[j].data_ptr<float>() + (l * rows[j] + c[j]) * 3 * I + 2 * I;
+            const float* v = layer[j] + c[j] * 3 * I + 2 * I;
             for (int64_t h = 0; h < H; ++h) axpy(weights[h * m + j], v + h * d, out + h * d, d);
           }
         }

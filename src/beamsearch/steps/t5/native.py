@@ -145,10 +145,11 @@ def _cpu() -> str:
 # ---------------------------------------------------------------------------------------------------- the model
 
 
-def native_weights(model: Any) -> Any:
+def native_weights(model: Any, packed: Any = None) -> Any:
     """The extension's copy of the fast step's packed weights (made once per packing: replaced or updated weights
-    are packed again, :func:`~.packed.fast_weights`, and so copied again here)."""
-    packed = fast_weights(model)
+    are packed again, :func:`~.packed.fast_weights`, and so copied again here). ``packed``: ``fast_weights(model)``
+    where the caller has it (each call of ``fast_weights`` checks the model's weights, about 3 ms on the G2P model)."""
+    packed = fast_weights(model) if packed is None else packed
     if packed.native is None:
         decoder = [layer[name].weight for layer in packed.decoder_layers
                    for name in ("qkv", "self_out", "cross_query", "cross_out", "inner", "outer")]
@@ -158,15 +159,14 @@ def native_weights(model: Any) -> Any:
             decoder, model.decoder.embed_tokens.weight.detach(), packed.output.weight,
             packed.cross_keys_values.weight, encoder, model.encoder.embed_tokens.weight.detach(),
             model.encoder.final_layer_norm.weight.detach(), packed.heads, packed.epsilon, packed.encoder_epsilon)
-        packed.native_bias = {}
     return packed.native
 
 
 def native_t5_encode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """T5's encoder in one call: ``input_ids [B, S]`` -> last hidden state ``[B, S, D]`` (float32; equal to the
     model's encoder to float rounding at the source tokens, zeros at the padding)."""
-    native = native_weights(model)
     packed = fast_weights(model)
+    native = native_weights(model, packed)
     length = input_ids.shape[1]
     bias = packed.native_bias.get(length)
     if bias is None:  # the model's own relative position bias [H, S, S], once per source length
@@ -200,13 +200,14 @@ class NativeDecoder:
     fast step; a reorder is recorded, never applied to a tensor.
     """
 
-    def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int):
+    def __init__(self, model: Any, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, max_length: int,
+                 packed: Any = None):
         self.bias_module = model.decoder.block[0].layer[0].SelfAttention
         self.device = encoder_hidden.device
         self.capacity = max(int(max_length), 1)
         bias = _bias_by_distance(self.bias_module, self.capacity, self.device)
         mask = None if source_mask is None or bool(source_mask.all()) else source_mask
-        self.decode = extension().T5Decode(native_weights(model), encoder_hidden.float(), mask, bias)
+        self.decode = extension().T5Decode(native_weights(model, packed), encoder_hidden.float(), mask, bias)
         self.last_rows = encoder_hidden.shape[0]  # the rows of the last step (one per example before the first)
         self.parents: torch.Tensor | None = None  # [N] the rows of the last step each row continues, until applied
 
