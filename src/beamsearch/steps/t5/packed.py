@@ -45,16 +45,21 @@ class PackedLinear:
         self.weight = weight.contiguous()  # [out, in]
         self.weight_t = self.weight.t()  # [in, out], a view (addmm's transposed operand)
         self.work = self.weight.shape[0]  # multiply-adds per input value
-        if self.weight.device.type == "cpu" and self.weight.dtype == torch.float32 and _onednn_available():
-            self.onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight)
-            if self.weight.numel() >= self.ONEDNN_MIN_WEIGHT:
-                self.work = self.ONEDNN_MIN_WORK  # oneDNN at every row count
+        self.onednn_wanted = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32 \
+            and _onednn_available()
+        if self.onednn_wanted and self.weight.numel() >= self.ONEDNN_MIN_WEIGHT:
+            self.work = self.ONEDNN_MIN_WORK  # oneDNN at every row count
 
     def _use_onednn(self, x: torch.Tensor) -> bool:
         """Whether this product goes to oneDNN; never under ``torch.compile`` (inductor cannot lower the reordered
-        weight's call; it picks its own kernels for ``F.linear`` and ``addmm``)."""
-        return (self.onednn is not None and x.numel() * self.work >= self.ONEDNN_MIN_WORK
-                and not torch.compiler.is_compiling())
+        weight's call; it picks its own kernels for ``F.linear`` and ``addmm``). The weight is reordered into
+        oneDNN's layout at its first such product (the native step, ``native.py``, never makes one: its copy of the
+        weights is its own)."""
+        if not self.onednn_wanted or x.numel() * self.work < self.ONEDNN_MIN_WORK or torch.compiler.is_compiling():
+            return False
+        if self.onednn is None:
+            self.onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+        return True
 
     def __call__(self, x: torch.Tensor, relu: bool = False) -> torch.Tensor:
         """``x [M, in]`` -> ``[M, out]``, with ``relu`` the ReLU of it."""
