@@ -204,7 +204,7 @@ class NativeDecoder:
                  packed: Any = None):
         self.bias_module = model.decoder.block[0].layer[0].SelfAttention
         self.device = encoder_hidden.device
-        self.capacity = max(int(max_length), 1)
+        self.capacity = min(max(int(max_length), 1), 512)  # grows by doubling past it (``grow``)
         bias = _bias_by_distance(self.bias_module, self.capacity, self.device)
         mask = None if source_mask is None or bool(source_mask.all()) else source_mask
         self.decode = extension().T5Decode(native_weights(model, packed), encoder_hidden.float(), mask, bias)
