@@ -155,6 +155,18 @@ def test_search_equals_generate(monkeypatch, shape, search):
     assert rows  # the native step ran
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_mt5_with_relu_runs_natively(monkeypatch, tied):
+    """mT5 (no output scale) with a ReLU feed-forward: native, and equal to ``model.generate``."""
+    rows = count_native_steps(monkeypatch)
+    model = random_t5(False, tied, model_type="mt5", seed=3)
+    ids, mask = padded_inputs(3, seed=3)
+    for beams in (1, 3):
+        assert_generate_equivalent(model, input_ids=ids, attention_mask=mask, max_new_tokens=8, num_beams=beams,
+                                   do_sample=False, return_dict_in_generate=True, output_scores=True)
+    assert rows
+
+
 def test_finished_examples_leave_the_call(monkeypatch):
     """The embedded G2P model, greedy and beam 4, on words of 2-15 letters: examples finish at different steps and
     leave the batch (later calls compute fewer rows); the outputs equal the lean step's (the model's own modules)."""
