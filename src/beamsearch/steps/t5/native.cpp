@@ -29,11 +29,7 @@ typedef int32_t i16 __attribute__((vector_size(64), aligned(4)));
 inline v16 load16(const float* p) { return *(const v16*)p; }
 inline void store16(float* p, v16 v) { *(v16*)p = v; }
 inline v16 splat(float x) { return v16{} + x; }
-inline float hsum(v16 v) {
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
-}
+inline float hsum(v16 v) { float s = 0.f; for (int i = 0; i < 16; ++i) s += v[i]; return s; }
 
 // e^x for x <= 0 on 16 lanes: 2^(x log2 e) as 2^floor * p(frac), p a degree-6 fit of 2^f on [0, 1) (relative error
 // about 1e-7); below about -87 it gives 2^-125 (a masked score's weight, about 1e-38)
@@ -396,8 +392,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("encode", &T5Weights::encode);
   pybind11::class_<T5Decode>(m, "T5Decode")
       .def(pybind11::init<std::shared_ptr<T5Weights>, at::Tensor, c10::optional<at::Tensor>, at::Tensor>())
-      .def("set_bias", &T5Decode::set_bias)
-      .def("capacity", &T5Decode::capacity)
-      .def("length", &T5Decode::length)
-      .def("step", &T5Decode::step);
+      .def("set_bias", &T5Decode::set_bias).def("capacity", &T5Decode::capacity)
+      .def("length", &T5Decode::length).def("step", &T5Decode::step);
 }

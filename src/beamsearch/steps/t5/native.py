@@ -105,8 +105,15 @@ def _load() -> Any:
         raise RuntimeError(f"no C++ compiler ({compiler!r} is not on PATH)")
     from torch.utils import cpp_extension
 
+    if shutil.which("ninja") is None:  # the registry's ninja package (the hf extra) where the system has none
+        try:
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+        except ImportError:
+            pass
     if not cpp_extension.is_ninja_available():
-        raise RuntimeError("ninja is not on PATH (torch.utils.cpp_extension builds with it)")
+        raise RuntimeError("ninja is not on PATH (torch.utils.cpp_extension builds with it: pip install ninja)")
     key = build_key()
     folder = cache_root() / key
     folder.mkdir(parents=True, exist_ok=True)
@@ -234,3 +241,8 @@ class NativeDecoder:
         self.parents = None
         self.last_rows = tokens.shape[0]
         return logits
+
+
+if __name__ == "__main__":  # make's install step: build (or find) the extension once, saying which
+    print("beamsearch: native T5 step " + ("ready" if extension_reason() is None else
+                                           f"not available, the eager fast step runs ({extension_reason()})"))
