@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from test_fast_t5 import assert_encoder_equals_the_models
 from tiny_hf import assert_generate_equivalent, random_t5
 
 from beamsearch.adapters.hf import search_model
@@ -81,19 +82,7 @@ def count_native_steps(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("padded", [True, False])
 def test_the_encoder_equals_the_models(shape, padded):
-    model = t5_of_shape(shape)
-    ids, mask = padded_inputs(5, seed=1)
-    if not padded:
-        mask = torch.ones_like(mask)
-    with torch.no_grad():
-        expected = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        got = native.native_t5_encode(model, ids, mask)
-        unmasked = native.native_t5_encode(model, ids, None)
-    kept = mask.bool()
-    torch.testing.assert_close(got[kept], expected[kept], rtol=1e-4, atol=1e-4)
-    assert torch.equal(got[~kept], torch.zeros_like(got[~kept]))
-    if not padded:
-        torch.testing.assert_close(unmasked, expected, rtol=1e-4, atol=1e-4)
+    assert_encoder_equals_the_models(t5_of_shape(shape), native.native_t5_encode, padded)
 
 
 def forward_logits(model, encoded, mask, example, tokens):
