@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -123,26 +124,31 @@ def test_a_held_lock_refuses_every_run_on_that_output(tmp_path, capsys):
 
 def test_a_second_process_on_the_same_output_refuses_at_once(tmp_path):
     """Two ``decode -o same.tsv`` one after the other: the second stops at once, naming the first, whose output is
-    complete and right."""
-    source, lines = word_list(tmp_path, 1500)
+    complete and right. The first reads its words from a pipe held open until the second has been refused, so it is
+    still running then however fast it decodes (it claims the output before it reads any input)."""
+    _, lines = word_list(tmp_path, 300)
     out = tmp_path / "same.tsv"
-    first = start(decode_argv(source, out))
+    first = start(decode_argv(Path("-"), out), stdin=subprocess.PIPE)
     try:
-        wait_for(lambda: lines_in(tmp_path / "same.tsv.partial") > 0, first, "the first run wrote a record")
-        second = run(decode_argv(source, out))
+        lock = tmp_path / "same.tsv.lock"
+        wait_for(lambda: lock.exists() and lock.read_text() == f"{first.pid}\n", first,
+                 "the first run claimed the output")
+        second = run(decode_argv(tmp_path / "words.txt", out))
         assert first.poll() is None, "the first run ended before the second was refused: the test proves nothing"
         assert second.returncode == 2, second.stderr
         assert second.stderr == (f"beamsearch: error: --output {out} is being written by another beamsearch "
                                  f"(process {first.pid}); wait for it to end, or write to another file\n")
+        first.stdin.write("".join(line + "\n" for line in lines).encode("utf-8"))
+        first.stdin.close()
         assert first.wait(timeout=600) == 0
     finally:
         first.kill()
     assert_every_input_once_in_order(out, lines)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["same.tsv", "same.tsv.resume.json", "words.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same.tsv", "words.txt"]  # (stdin has no resume record)
 
 
 def test_a_lock_left_by_a_killed_run_does_not_block_resume(tmp_path):
-    source, lines = word_list(tmp_path, 600)
+    source, lines = word_list(tmp_path, 2000)  # enough that the run is killed well before its end
     out = tmp_path / "out.tsv"
     killed = start(decode_argv(source, out))
     wait_for(lambda: lines_in(tmp_path / "out.tsv.partial") > 10, killed, "the run wrote 10 records")
