@@ -19,6 +19,7 @@ Legend: B examples, K beams, V vocabulary.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import sys
 import time
@@ -168,8 +169,6 @@ def half_precision_rule(model, inputs: dict, expected: torch.Tensor, actual: tor
     differing = (~_same_rows(want, got)).nonzero().flatten()
     if differing.numel() == 0:
         return 0, 0.0
-    import copy
-
     scorer = copy.deepcopy(model).float()
     chosen = {k: (v.index_select(0, differing.to(v.device)) if isinstance(v, torch.Tensor) else v)
               for k, v in inputs.items()}

@@ -130,13 +130,12 @@ def _run(model, inputs, generation_config, logits_processor, stopping_criteria, 
         fast_reason = fast_call_reason(model, setup["model_kwargs"], needs_attention, gated=True)
         if setup["fast_encoded"] and lean["lean_step"] is None and fast_reason is not None:
             encode_as_generate(model, setup)  # the step falls back to one that takes the model's own encoder output
+    graph_arguments = {**search_arguments, "stream_to": streamer}
     if cuda_graphs:  # what a captured step cannot run is refused before anything is decoded
-        check_graph_call(options, {**search_arguments, "stream_to": streamer}, lean, logits_processor,
-                         stopping_criteria)
+        check_graph_call(options, graph_arguments, lean, logits_processor, stopping_criteria)
     elif cuda_graphs is None:  # the default: the graph path on CUDA where the call and the model allow it
-        cuda_graphs = fast_reason is not None and _graphs_by_default(
-            model, setup, options, {**search_arguments, "stream_to": streamer}, lean, logits_processor,
-            stopping_criteria)
+        cuda_graphs = fast_reason is not None and _graphs_by_default(model, setup, options, graph_arguments, lean,
+                                                                     logits_processor, stopping_criteria)
 
     def run(run_options: Any, arguments: dict[str, Any]) -> SearchResult:
         if cuda_graphs:

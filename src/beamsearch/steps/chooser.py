@@ -263,36 +263,45 @@ STEP_OPTIONS: dict[str, Any] = {"lean_step": (None, True), "share_encoder_state"
 
 def check_graph_call(options: SearchOptions, arguments: dict[str, Any], step_options: dict[str, Any],
                      logits_processor: Any, stopping_criteria: Any) -> None:
-    """Refuse a call the graph path cannot run, naming what.
+    """Refuse a call the graph path cannot run, naming what (:func:`graph_options_reason`).
+
+    Raises:
+        ValueError: ``cuda_graphs=True cannot capture NAME: why``.
+    """
+    reason = graph_options_reason(options, arguments, step_options, logits_processor, stopping_criteria)
+    if reason is not None:
+        raise ValueError(f"cuda_graphs=True {reason}")
+
+
+def graph_options_reason(options: SearchOptions, arguments: dict[str, Any], step_options: dict[str, Any],
+                         logits_processor: Any, stopping_criteria: Any) -> str | None:
+    """What in a call the graph path cannot run (``cannot capture NAME: why``), or None.
 
     Args:
         options: the search options.
         arguments: :func:`beamsearch.search`'s keyword arguments of the call (``target_prefix``, ``trace``, ...).
         step_options: ``lean_step``, ``share_encoder_state``, ``compile_step``, ``exact_parity`` as given.
         logits_processor, stopping_criteria: the caller's own (any is refused).
-
-    Raises:
-        ValueError: ``cuda_graphs=True cannot capture NAME: why``.
     """
     if logits_processor:
-        raise ValueError(f"cuda_graphs=True cannot capture logits_processor: user processors run on the host "
-                         f"({_HOST}); leave cuda_graphs unset for them")
+        return f"cannot capture logits_processor: user processors run on the host ({_HOST}); leave cuda_graphs " \
+               f"unset for them"
     if stopping_criteria:
-        raise ValueError(f"cuda_graphs=True cannot capture stopping_criteria: user criteria run on the host "
-                         f"({_HOST}); leave cuda_graphs unset for them")
+        return f"cannot capture stopping_criteria: user criteria run on the host ({_HOST}); leave cuda_graphs " \
+               f"unset for them"
     for name, (neutral, why) in OPTIONS.items():
         value = getattr(options, name)
         if value != neutral:
-            raise ValueError(f"cuda_graphs=True cannot capture {name}={value!r}: {why}")
+            return f"cannot capture {name}={value!r}: {why}"
     for name, why in ARGUMENTS.items():
         value = arguments.get(name)
         if value is not None and value is not False and value != 0.0:
-            raise ValueError(f"cuda_graphs=True cannot capture {name}: {why}")
+            return f"cannot capture {name}: {why}"
     for name, allowed in STEP_OPTIONS.items():
         value = step_options.get(name, allowed[0])
         if not any(value is a for a in allowed):
-            raise ValueError(f"cuda_graphs=True runs its own fixed-shape step: it cannot be combined with "
-                             f"{name}={value!r}")
+            return f"runs its own fixed-shape step: it cannot be combined with {name}={value!r}"
+    return None
 
 
 def graph_model_reason(model: Any, model_kwargs: dict[str, Any]) -> str | None:
@@ -309,12 +318,9 @@ def graph_model_reason(model: Any, model_kwargs: dict[str, Any]) -> str | None:
 def graph_call_reason(model: Any, setup: dict[str, Any], options: SearchOptions, arguments: dict[str, Any],
                       step_options: dict[str, Any], logits_processor: Any, stopping_criteria: Any) -> str | None:
     """Why the graph path cannot run this call (None: it can), for the automatic choice on CUDA
-    (``cuda_graphs=None``): :func:`check_graph_call`'s refusal, else :func:`graph_model_reason`."""
-    try:
-        check_graph_call(options, arguments, step_options, logits_processor, stopping_criteria)
-    except ValueError as e:
-        return str(e).removeprefix("cuda_graphs=True ")
-    return graph_model_reason(model, setup["model_kwargs"])
+    (``cuda_graphs=None``): :func:`graph_options_reason`, else :func:`graph_model_reason`."""
+    return graph_options_reason(options, arguments, step_options, logits_processor, stopping_criteria) \
+        or graph_model_reason(model, setup["model_kwargs"])
 
 
 def graph_state(model: Any, setup: dict[str, Any], config: Any, rows: int, capacity: int, bucket: int,

@@ -50,8 +50,7 @@ class HFState:
                 continue
             if key in STATE_NAMES:  # the model's state: moved as the installed release's loop moves it
                 if beam_step:
-                    value = reorder_beam_state(self.model, key, value, index,
-                                                         self_attention_only=within_examples)
+                    value = reorder_beam_state(self.model, key, value, index, self_attention_only=within_examples)
                 else:
                     value = select_state_rows(value, index)
                 self.model_kwargs[key] = value
