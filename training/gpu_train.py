@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stacked_data import BucketedData, DevSet, read_dev, read_pairs, read_vocab  # noqa: E402
 from stacked_phase import STOP, Curve, Settings, dev_keys, key, run_phase  # noqa: E402
 from stacked_step import Objective, StackTrainer  # noqa: E402
-from stacked_t5 import StackedT5, T5Shape, hf_state_dict, init_flat  # noqa: E402
+from stacked_t5 import StackedT5, T5Shape, flat_from_hf, hf_state_dict, init_flat  # noqa: E402
 
 T0 = time.time()
 TEACHERS_FILE = "teachers.safetensors"  # in --out: every teacher's chosen float32 weights, for the student phase
@@ -110,6 +110,29 @@ def load_flat(path: Path, device: torch.device) -> tuple[torch.Tensor, torch.Ten
         return f.get_tensor("matrices").to(device), f.get_tensor("vectors").to(device), members
 
 
+def init_from_files(folder: Path, shape: T5Shape, members: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``members`` flat float32 weights ``(matrices [K, Pm], vectors [K, Pv])`` from the float16 files an earlier run
+    returned to ``folder`` (``save_member``'s), the one with the lowest greedy dev WER first, cycling when there are
+    fewer files than members; and the files' names in member order. Another shape is refused by name."""
+    from safetensors import safe_open
+
+    found = []
+    for path in sorted(folder.glob("teacher*.safetensors")) + sorted(folder.glob("student.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            info = json.loads(f.metadata()["g2p"])
+            if info["shape"] != asdict(shape):
+                raise SystemExit(f"--init: {path} holds a model of shape {info['shape']}, not {asdict(shape)}")
+            state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open has no iterator
+        found.append((info["dev_greedy"]["wer"], path.name, flat_from_hf(shape, state)))
+    if not found:
+        raise SystemExit(f"--init: no teacher*.safetensors or student.safetensors in {folder}")
+    found.sort(key=lambda item: item[0])
+    chosen = [found[k % len(found)] for k in range(members)]
+    matrices = torch.stack([flat[0] for _, _, flat in chosen])
+    vectors = torch.stack([flat[1] for _, _, flat in chosen])
+    return matrices, vectors, [name for _, name, _ in chosen]
+
+
 # ---------------------------------------------------------------------------------------------------- main
 
 
@@ -127,6 +150,9 @@ def parse(argv: Sequence[str] | None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--graphs", choices=("auto", "on", "off"), default="auto", help="CUDA graphs (auto: on a GPU)")
     ap.add_argument("--teachers", type=int, default=4)
+    ap.add_argument("--init", type=Path,
+                    help="resume: a folder of an earlier run's returned teacher*.safetensors and student.safetensors; "
+                         "the teachers start from them, the best by its dev WER first, repeated when fewer")
     ap.add_argument("--return-teachers", type=int, default=3,
                     help="write the best N teachers by greedy dev WER (the device returns at most 64 MiB: 3 teachers "
                          "and a student of ~15 MB; every teacher still teaches the students)")
@@ -232,7 +258,12 @@ def train_teachers(r: Run) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
     """The teacher phase: a share of the time left; writes the flat teachers, the best few in float16, run.json."""
     a = r.a
     seeds = [a.seed + k for k in range(a.teachers)]
-    matrices, vectors = (t.to(r.device) for t in init_flat(r.shape, seeds))
+    if a.init:
+        matrices, vectors, r.record["init"] = init_from_files(a.init, r.shape, a.teachers)
+        matrices, vectors = matrices.to(r.device), vectors.to(r.device)
+        log(f"teachers start from {', '.join(r.record['init'])} in {a.init}")
+    else:
+        matrices, vectors = (t.to(r.device) for t in init_flat(r.shape, seeds))
     trainer = StackTrainer(r.model, matrices, vectors, r.data, Objective(a.smoothing), a.dropout, a.seed, a.clip,
                            a.weight_decay)
     deadline = time.time() + a.teacher_share * (r.deadline - time.time())
