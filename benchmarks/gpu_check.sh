@@ -10,7 +10,8 @@
 #    (cuda_graphs=False) and ours by default (no option: the graph path, which each row checks it took) on the
 #    workloads and the 1B Llama shape in bfloat16, greedy and beam 4, batches 16, 64 and 1 (the targets' rows
 #    first), each difference from transformers classified (float32: the margin check; bfloat16 / float16: issue
-#    39's rule, both hypotheses scored in float32, at most 0.01 nats per token lost); the suite starts no case
+#    39's rule, both hypotheses scored in float32, at most 0.01 nats per token lost, printed beside its control:
+#    transformers' static cache against its default); the suite starts no case
 #    after its time budget, and prints each row as it finishes;
 # 4. the rest of the CUDA tests (tests/test_cuda.py without the graph cases, tests/test_stopping.py) with the time
 #    left (at least 60 s).

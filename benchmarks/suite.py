@@ -82,7 +82,7 @@ class Row:
     bad: dict[str, int] = field(default_factory=dict)  # engine -> differences from HF that are not near ties
     # engine -> (rows whose best hypothesis differs from HF's, the largest float32 score deficit per token of ours
     # against HF's among them): issue 39's rule for bfloat16 / float16 (suite_graphs.half_precision_rule)
-    rule: dict[str, tuple[int, float]] = field(default_factory=dict)
+    rule: dict[str, tuple[int, float] | None] = field(default_factory=dict)  # also the control (suite_graphs.CONTROL)
 
     def seconds(self, engine: str) -> float | None:
         timing = self.timings.get(engine)

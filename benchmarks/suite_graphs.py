@@ -193,6 +193,26 @@ def count_ties(workload, inputs: dict, kwargs: dict, row, names=("ours", "ours-g
         row.ties[name], row.bad[name] = ties, len(margins) - ties
         if dtype in (torch.bfloat16, torch.float16) and kwargs.get("num_return_sequences", 1) == 1:
             row.rule[name] = half_precision_rule(model, inputs, expected.sequences, sequences)
+    if any(name in row.rule for name in checked):
+        row.rule[CONTROL] = control_rule(model, inputs, kwargs, expected.sequences)
+
+
+CONTROL = "hf-static"  # the rule's control in row.rule: transformers' static cache against its dynamic one
+
+
+def control_rule(model, inputs: dict, kwargs: dict, expected: torch.Tensor) -> tuple[int, float] | None:
+    """The half-precision rule's measure of transformers against itself: its ``generate`` with
+    ``cache_implementation="static"`` (its own fixed-shape cache, the analogue of the graph path: the same model, the
+    sums in another order) against its default, or None where the static cache is refused. It says how large the
+    measure is when nothing is wrong: on random bfloat16 models, larger than the rule's 0.01 (``README.md`` of
+    ``benchmarks/gpu_results/2026-11-28-h200``)."""
+    try:
+        with torch.no_grad():
+            static = model.generate(**inputs, **kwargs, cache_implementation="static").cpu()
+    except Exception:  # noqa: BLE001 - a model or release without a static cache: no control, said in the table
+        traceback.print_exc()
+        return None
+    return half_precision_rule(model, inputs, expected, static)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -216,6 +236,10 @@ def _equal(row, name: str) -> str:
     if name in row.rule:  # bfloat16 / float16: the float32 score rule
         rows, deficit = row.rule[name]
         text += f"; rule {'pass' if deficit <= RULE_NATS else 'FAIL'} ({rows} differ, worst {deficit:+.4f} nats/token)"
+        if name == "ours-graphs" and CONTROL in row.rule:
+            control = row.rule[CONTROL]
+            text += ("; control: none" if control is None else
+                     f"; control: transformers' static cache {control[0]} differ, worst {control[1]:+.4f}")
     return text
 
 
@@ -252,4 +276,6 @@ NOTE = ("HF/ours, HF/graphs: transformers' time over ours eager (cuda_graphs=Fal
         "MiB: torch.cuda.max_memory_allocated growth over the timed calls (graphs: over the cold call, with the "
         "kept cache and the graph's memory pool). rule (bfloat16 / float16 rows): where a best hypothesis differs from "
         "transformers', both are scored by one teacher-forced forward in float32, and ours may lose at most 0.01 "
-        "nats per generated token (worst: the largest loss among those rows; negative: ours scores better).")
+        "nats per generated token (worst: the largest loss among those rows; negative: ours scores better); control: "
+        "the same measure of transformers' generate with its static cache against its default, what the rule "
+        "measures when nothing is wrong.")

@@ -48,3 +48,14 @@ def test_the_rule_counts_the_differing_rows_and_their_worst_deficit() -> None:
                                                                                                       ours[1:2]))
     rows, deficit = suite_graphs.half_precision_rule(model, inputs, theirs, ours)
     assert rows == 1 and deficit == pytest.approx(want, abs=1e-6)
+
+
+def test_the_control_measures_transformers_static_cache_against_its_default() -> None:
+    model = copy.deepcopy(tiny_model("llama")).to(torch.bfloat16)
+    ids, mask = random_inputs(model, 3, torch.Generator().manual_seed(3))
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "num_beams": 2}
+    theirs = model.generate(**inputs, **kwargs)
+    static = model.generate(**inputs, **kwargs, cache_implementation="static")
+    assert suite_graphs.control_rule(model, inputs, kwargs, theirs) == suite_graphs.half_precision_rule(
+        model, inputs, theirs, static)
