@@ -315,3 +315,27 @@ def test_the_fast_default_is_for_the_cpu():
     assert default_fast(model)
     elsewhere = t5(False, False).to("meta")
     assert fast_capable(elsewhere) and not default_fast(elsewhere)
+
+
+def test_the_weights_are_checked_once_per_call_and_again_at_the_next(monkeypatch):
+    """The encoder and the decoder state of one call share one check of the weights (``one_check_per_call``); each
+    sub-batch of ``max_rows`` and each later call checks again, so weights changed between calls are packed again."""
+    from beamsearch.steps.gate import WeightStamp
+    from beamsearch.steps.t5 import packed
+
+    model = t5(False, False)
+    ids, mask = padded_inputs(4, seed=7)
+    checks = []
+    current = WeightStamp.current
+    monkeypatch.setattr(WeightStamp, "current", lambda self, m: checks.append(m) or current(self, m))
+    options = {"attention_mask": mask, "max_new_tokens": 5, "num_beams": 2, "lean_step": "fast"}
+    packed.fast_weights(model)  # packed before the calls counted
+    with torch.no_grad():
+        first = search_model(model, ids, **options).sequences
+        assert len(checks) == 1  # not once for the encoder and once for the state
+        search_model(model, ids, **options, max_rows=4)  # two sub-batches of two examples (beam 2)
+        assert len(checks) == 3
+        model.decoder.block[0].layer[2].DenseReluDense.wo.weight.mul_(3.0)  # changed between calls
+        changed = search_model(model, ids, **options).sequences
+        reference = search_model(model, ids, **{**options, "lean_step": True}).sequences
+    assert torch.equal(changed, reference) and not torch.equal(changed, first)

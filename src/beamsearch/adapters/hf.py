@@ -23,6 +23,7 @@ from ..options import MAX_NODES, TOOLKIT_OPTIONS
 from ..results import SearchResult, concatenate
 from ..steps.chooser import check_graph_call, fast_call_reason, fast_refusal, graph_call_reason, model_step
 from ..steps.t5.fast import fast_encoder
+from ..steps.t5.packed import one_check_per_call
 from ..streaming import streamer_listener
 from .hf_inputs import REJECTED_ARGUMENTS, encode_as_generate, prepare
 from .hf_options import fill_token, options_from_config, pop_search_arguments
@@ -64,7 +65,8 @@ def generate(
         ValueError: an argument or generation option we do not implement (named in the message).
     """
     model = base_model(model, kwargs)  # a PeftModel: its base model with the adapter layers
-    result, config, options = _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs)
+    with one_check_per_call():
+        result, config, options = _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs)
     return to_hf_output(model, config, options, result)
 
 
@@ -83,7 +85,8 @@ def search_model(
     its sequences start with the decoder start token; for decoder-only models, with the prompt.
     """
     model = base_model(model, kwargs)
-    return _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs)[0]
+    with one_check_per_call():
+        return _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs)[0]
 
 
 def _run(model, inputs, generation_config, logits_processor, stopping_criteria, kwargs):
@@ -217,8 +220,9 @@ def _run_in_sub_batches(model, inputs, generation_config, logits_processor, stop
         if chunk.get("target_prefix") is not None:
             chunk["target_prefix"] = kwargs["target_prefix"][start : start + step]
         try:
-            outputs.append(_run(model, ids[start : start + step], generation_config, logits_processor,
-                                stopping_criteria, chunk))
+            with one_check_per_call():  # each sub-batch checks the weights again (the user's code ran between)
+                outputs.append(_run(model, ids[start : start + step], generation_config, logits_processor,
+                                    stopping_criteria, chunk))
         except SearchError as e:  # name the example by its index in the whole batch
             raise e.shifted(start) from None
     _, config, options = outputs[-1]
