@@ -10,7 +10,9 @@ Decodes the first ``--words`` test words (lowercased, as the CLI feeds the embed
 - ``ours-eager``: the eager fast step (the same with ``BEAMSEARCH_NATIVE=0``: about 270 PyTorch calls per step);
 - ``ours-lean``: ``lean_step=True`` (the lean T5 step: the model's own kernels, logits equal to transformers');
 - ``ours-int8``: ours on ``quantize_int8(model)`` with the fast step (``lean_step="fast"``, what the CLI's
-  ``--int8`` runs: the folded weights requantized per output row);
+  ``--int8`` runs: the folded weights requantized per output row; native: each product's input quantized once per
+  row); ``ours-int8-eager``: the same with ``BEAMSEARCH_NATIVE=0`` (torch's dynamic int8 products, per-tensor
+  activations);
 - ``ct2-fp32`` / ``ct2-int8``: CTranslate2 on the same model converted by its own converter (``beam_size``,
   ``max_decoding_length`` as ours; its patience 1 stops a beam search at K finished hypotheses, never later
   than ours).
@@ -44,7 +46,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 G2P_DIR = ROOT / "src" / "beamsearch" / "models" / "g2p_cmudict"
 WORDS = ROOT / "src" / "beamsearch" / "data" / "cmudict" / "test.tsv"
-ENGINES = ("ours", "ours-eager", "ours-lean", "ours-int8", "ct2-fp32", "ct2-int8", "hf")
+ENGINES = ("ours", "ours-eager", "ours-lean", "ours-int8", "ours-int8-eager", "ct2-fp32", "ct2-int8", "hf")
 TARGETS = {"ours": 1.0, "ours-int8": 1.25}  # time over CTranslate2's at the same precision (issue 29)
 AGREEMENT = 0.99  # the share of words whose best output equals CTranslate2's (issue 29)
 
@@ -174,7 +176,7 @@ def main(argv=None) -> None:
 
     transformers.utils.logging.disable_progress_bar()
     model = AutoModelForSeq2SeqLM.from_pretrained(G2P_DIR, dtype=torch.float32).eval()
-    quantized = quantize_int8(model) if "ours-int8" in names else None
+    quantized = quantize_int8(model) if {"ours-int8", "ours-int8-eager"} & set(names) else None
     tokenizer = AutoTokenizer.from_pretrained(G2P_DIR)
     entries = read_references(WORDS)[: args.words]
     if not args.unsorted:
@@ -203,8 +205,8 @@ def main(argv=None) -> None:
             if name.startswith("ct2"):
                 return ct2_engine(translators[name], tokenizer, batches, beams, max_new_tokens)
             step = {"ours": {}, "ours-eager": {"native": False}, "ours-lean": {"lean_step": True},
-                    "ours-int8": {"lean_step": "fast"}}[name]
-            return ours_engine(quantized if name == "ours-int8" else model, tokenizer, batches, beams, **step)
+                    "ours-int8": {"lean_step": "fast"}, "ours-int8-eager": {"lean_step": "fast", "native": False}}[name]
+            return ours_engine(quantized if "int8" in name else model, tokenizer, batches, beams, **step)
 
         with torch.no_grad():
             for beams in (1, args.beams):

@@ -1,6 +1,8 @@
 // The fast T5 step as one C++ call per decoding step, and T5's encoder as one call per batch (native.py builds this
 // file at first use and says what it computes). Products go through ATen (at::mm_out, addmm_ with the residual:
 // MKL or oneDNN, without Python or autograd); norms, attention, ReLU run as plain loops over GCC/Clang vectors.
+// int8 models: each product's input is quantized once (per row, symmetric, 127 levels), multiplied by the int8
+// weight in one at::_int_mm (int32 sums), and scaled back by row and by output column.
 //
 // The self-attention cache is never copied: each step keeps its own [L, N, 3I] product (queries, keys, values of
 // every layer) and the parent row of each of its rows in the step before; a row's keys at earlier positions are
@@ -19,129 +21,42 @@
 #include <memory>
 #include <vector>
 
-namespace {
-
-constexpr int64_t BLK = 16;        // scores per vector (one AVX-512 register, two AVX2 ones)
-constexpr float MASKED = -1e30f;   // a masked score: finite, so that a fully masked row stays a number
-
-typedef float v16 __attribute__((vector_size(64), aligned(4)));  // aligned(4): loads may be unaligned
-typedef int32_t i16 __attribute__((vector_size(64), aligned(4)));
-inline v16 load16(const float* p) { return *(const v16*)p; }
-inline void store16(float* p, v16 v) { *(v16*)p = v; }
-inline v16 splat(float x) { return v16{} + x; }
-inline float hsum(v16 v) { float s = 0.f; for (int i = 0; i < 16; ++i) s += v[i]; return s; }
-
-// e^x for x <= 0 on 16 lanes: 2^(x log2 e) as 2^floor * p(frac), p a degree-6 fit of 2^f on [0, 1) (relative error
-// about 1e-7); below about -87 it gives 2^-125 (a masked score's weight, about 1e-38)
-inline v16 vexp(v16 x) {
-  v16 t = x * 1.44269504f;
-  t = t < -125.f ? splat(-125.f) : t;
-  v16 fi = __builtin_convertvector(__builtin_convertvector(t, i16), v16);
-  fi = fi > t ? fi - 1.f : fi;  // floor for negative t
-  v16 f = t - fi;
-  v16 p = splat(2.1877505e-4f);
-  p = p * f + 1.2387822e-3f; p = p * f + 9.6845804e-3f; p = p * f + 5.5480428e-2f;
-  p = p * f + 2.4023050e-1f; p = p * f + 6.9314694e-1f; p = p * f + 1.0f;
-  i16 bits = (__builtin_convertvector(fi, i16) + 127) << 23;
-  return p * (v16)bits;
-}
-
-// sum a[i] * b[i], i < n
-inline float dot(const float* a, const float* b, int64_t n) {
-  v16 acc = {};
-  int64_t i = 0;
-  for (; i + BLK <= n; i += BLK) acc += load16(a + i) * load16(b + i);
-  float s = hsum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// y[i] += w * x[i], i < n
-inline void axpy(float w, const float* x, float* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + BLK <= n; i += BLK) store16(y + i, load16(y + i) + w * load16(x + i));
-  for (; i < n; ++i) y[i] += w * x[i];
-}
-
-// w[0..m) <- softmax(w[0..m)), m a multiple of BLK (the tail holds MASKED scores)
-inline void softmax_blocks(float* w, int64_t m) {
-  v16 top16 = splat(MASKED);
-  for (int64_t j = 0; j < m; j += BLK) { v16 x = load16(w + j); top16 = x > top16 ? x : top16; }
-  float top = MASKED;
-  for (int i = 0; i < 16; ++i) top = std::max(top, top16[i]);
-  v16 sum = {};
-  for (int64_t j = 0; j < m; j += BLK) { v16 e = vexp(load16(w + j) - top); store16(w + j, e); sum += e; }
-  const float inverse = 1.f / hsum(sum);
-  for (int64_t j = 0; j < m; j += BLK) store16(w + j, load16(w + j) * inverse);
-}
-
-inline int64_t round_up(int64_t n) { return (n + BLK - 1) / BLK * BLK; }
-
-// T5's RMS norm of rows [n, D] (no mean subtracted), times gain where given (else folded into the next product)
-void rms(const at::Tensor& in, at::Tensor& out, double eps, const float* gain = nullptr) {
-  const int64_t n = in.size(0), D = in.size(1);
-  const float* a = in.data_ptr<float>();
-  float* b = out.data_ptr<float>();
-  for (int64_t r = 0; r < n; ++r) {
-    const float* x = a + r * D;
-    float* y = b + r * D;
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < D; ++i) s += x[i] * x[i];
-    const float k = 1.f / std::sqrt(s / D + (float)eps);
-    if (gain) for (int64_t i = 0; i < D; ++i) y[i] = x[i] * k * gain[i];
-    else for (int64_t i = 0; i < D; ++i) y[i] = x[i] * k;
-  }
-}
-
-void relu_in_place(at::Tensor& x) {
-  float* p = x.data_ptr<float>();
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) p[i] = p[i] > 0.f ? p[i] : 0.f;
-}
-
-std::vector<at::Tensor> transposed(const std::vector<at::Tensor>& weights) {  // [out, in] -> [in, out]
-  std::vector<at::Tensor> out;
-  for (const auto& w : weights) out.push_back(w.t().contiguous());
-  return out;
-}
-
-// every n-th tensor of a list, from the first
-std::vector<at::Tensor> every(const std::vector<at::Tensor>& all, size_t n, size_t first) {
-  std::vector<at::Tensor> out;
-  for (size_t i = first; i < all.size(); i += n) out.push_back(all[i]);
-  return out;
-}
-
-}  // namespace
+#include "native_kernels.h"
 
 // A model's weights, folded and stacked by packed.py, transposed once here to [in, out].
 struct T5Weights {
   int64_t L, D, H, d, I, F, V;
   double eps, encoder_eps;
-  at::Tensor embed, output, cross_kv;  // decoder embedding [V, D] (the model's), output [D, V], [D, 2*L*I]
-  std::vector<at::Tensor> qkv, self_out, cross_query, cross_out, inner, outer;  // per decoder layer
-  at::Tensor encoder_embed, encoder_gain;                                        // [V, D], [D]
-  std::vector<at::Tensor> e_qkv, e_out, e_inner, e_outer;                        // per encoder layer
+  at::Tensor embed;                    // decoder embedding [V, D] (the model's)
+  Product output, cross_kv;            // [D, V], [D, 2*L*I]
+  std::vector<Product> qkv, self_out, cross_query, cross_out, inner, outer;  // per decoder layer
+  at::Tensor encoder_embed, encoder_gain;                                     // [V, D], [D]
+  std::vector<Product> e_qkv, e_out, e_inner, e_outer;                        // per encoder layer
 
-  // decoder: 6 weights per layer (qkv, self_out, cross_query, cross_out, inner, outer); encoder: 4 per layer
-  T5Weights(std::vector<at::Tensor> decoder, at::Tensor embed_, at::Tensor output_, at::Tensor cross_kv_,
-            std::vector<at::Tensor> encoder, at::Tensor encoder_embed_, at::Tensor encoder_gain_, int64_t heads,
+  // decoder: 6 weights per layer (qkv, self_out, cross_query, cross_out, inner, outer), then the output and the
+  // cross-attention keys and values; encoder: 4 per layer. Weights [out, in]; scales: none (all float32) or one per
+  // weight in the same order (decoder, output, cross_kv, encoder): [out] for an int8 weight, empty for a float one.
+  T5Weights(std::vector<at::Tensor> decoder, at::Tensor embed_, std::vector<at::Tensor> encoder,
+            at::Tensor encoder_embed_, at::Tensor encoder_gain_, std::vector<at::Tensor> scales, int64_t heads,
             double eps_, double encoder_eps_)
       : H(heads), eps(eps_), encoder_eps(encoder_eps_) {
-    TORCH_CHECK(decoder.size() % 6 == 0 && encoder.size() % 4 == 0, "T5Weights: 6 weights per decoder layer, 4 per "
-                "encoder layer");
-    auto all = transposed(decoder);
+    TORCH_CHECK(decoder.size() % 6 == 2 && encoder.size() % 4 == 0, "T5Weights: 6 weights per decoder layer, the "
+                "output and cross_kv, 4 per encoder layer");
+    TORCH_CHECK(scales.empty() || scales.size() == decoder.size() + encoder.size(), "T5Weights: one scale per weight");
+    const size_t n = decoder.size();
+    const std::vector<at::Tensor> none;
+    auto all = transposed(decoder, scales.empty() ? none : std::vector<at::Tensor>(scales.begin(), scales.begin() + n));
+    output = all[n - 2]; cross_kv = all[n - 1];
+    all.resize(n - 2);
     qkv = every(all, 6, 0); self_out = every(all, 6, 1); cross_query = every(all, 6, 2);
     cross_out = every(all, 6, 3); inner = every(all, 6, 4); outer = every(all, 6, 5);
-    auto enc = transposed(encoder);
+    auto enc = transposed(encoder, scales.empty() ? none : std::vector<at::Tensor>(scales.begin() + n, scales.end()));
     e_qkv = every(enc, 4, 0); e_out = every(enc, 4, 1); e_inner = every(enc, 4, 2); e_outer = every(enc, 4, 3);
     embed = embed_.contiguous(); encoder_embed = encoder_embed_.contiguous();
     encoder_gain = encoder_gain_.contiguous();
-    output = output_.t().contiguous(); cross_kv = cross_kv_.t().contiguous();
-    L = (int64_t)qkv.size(); D = embed.size(1); V = output.size(1); I = qkv[0].size(1) / 3; d = I / H;
-    F = inner[0].size(1);
-    TORCH_CHECK(L > 0 && I == H * d && cross_kv.size(1) == 2 * L * I, "T5Weights: inconsistent shapes");
+    L = (int64_t)qkv.size(); D = embed.size(1); V = output.w.size(1); I = qkv[0].w.size(1) / 3; d = I / H;
+    F = inner[0].w.size(1);
+    TORCH_CHECK(L > 0 && I == H * d && cross_kv.w.size(1) == 2 * L * I, "T5Weights: inconsistent shapes");
   }
 
   // The encoder on the source tokens only (the padding is left out of products and attention): ids [B, S] int64,
@@ -167,7 +82,7 @@ struct T5Weights {
     const float* eb = bias.data_ptr<float>();
     for (size_t l = 0; l < e_qkv.size(); ++l) {
       rms(X, Hn, encoder_eps);
-      at::mm_out(QKV, Hn, e_qkv[l]);
+      product(QKV, Hn, e_qkv[l], false);
       const float* q = QKV.data_ptr<float>();
       float* ap = A.data_ptr<float>();
       at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
@@ -188,11 +103,11 @@ struct T5Weights {
           }
         }
       });
-      X.addmm_(A, e_out[l]);
+      product(X, A, e_out[l], true);
       rms(X, Hn, encoder_eps);
-      at::mm_out(FF, Hn, e_inner[l]);
+      product(FF, Hn, e_inner[l], false);
       relu_in_place(FF);
-      X.addmm_(FF, e_outer[l]);
+      product(X, FF, e_outer[l], true);
     }
     rms(X, Hn, encoder_eps, encoder_gain.data_ptr<float>());
     at::Tensor out = at::zeros({B * S, D}, f);
@@ -226,7 +141,7 @@ struct T5Decode {
     for (int64_t r = 0; r < B * S; ++r)
       if (!mp || mp[r] != 0) { flat.push_back(r); cross_mask[(r / S) * Sp + r % S] = 0.f; }
     at::Tensor tokens = hidden.index_select(0, at::tensor(flat, at::TensorOptions().dtype(at::kLong)));
-    at::Tensor kv = at::mm(tokens, w->cross_kv);  // [M, 2*L*I]: (layer, key or value, head, d)
+    at::Tensor kv = product(tokens, w->cross_kv);  // [M, 2*L*I]: (layer, key or value, head, d)
     auto f = at::TensorOptions().dtype(at::kFloat);
     cross_keys = at::zeros({L, B, H, d, Sp}, f);
     cross_values = at::zeros({L, B, S, I}, f);
@@ -308,7 +223,7 @@ struct T5Decode {
     for (int64_t l = 0; l < L; ++l) {
       rms(X, Hn, w->eps);
       at::Tensor now = past[t].select(0, l);  // [N, 3I]
-      at::mm_out(now, Hn, w->qkv[l]);
+      product(now, Hn, w->qkv[l], false);
       float* ap = A.data_ptr<float>();
       const float* q = now.data_ptr<float>();
       std::vector<const float*> layer(t + 1);  // each position's rows of this layer: [N_j, 3I]
@@ -332,18 +247,18 @@ struct T5Decode {
           }
         }
       });
-      X.addmm_(A, w->self_out[l]);
+      product(X, A, w->self_out[l], true);
       rms(X, Hn, w->eps);
-      at::mm_out(Q, Hn, w->cross_query[l]);
+      product(Q, Hn, w->cross_query[l], false);
       cross_attention(l, Q, A);
-      X.addmm_(A, w->cross_out[l]);
+      product(X, A, w->cross_out[l], true);
       rms(X, Hn, w->eps);
-      at::mm_out(FF, Hn, w->inner[l]);
+      product(FF, Hn, w->inner[l], false);
       relu_in_place(FF);
-      X.addmm_(FF, w->outer[l]);
+      product(X, FF, w->outer[l], true);
     }
     rms(X, Hn, w->eps);
-    return at::mm(Hn, w->output);
+    return product(Hn, w->output);
   }
 
   // Each row's attention over its example's encoder output: queries [N, I] -> out [N, I] (scores vectorized over
@@ -385,10 +300,18 @@ struct T5Decode {
   }
 };
 
+// in [M, K] @ one product: weight [out, in] (float32, or int8 with scale [out]); what the tests check products by
+at::Tensor product_of(at::Tensor in, at::Tensor weight, c10::optional<at::Tensor> scale) {
+  std::vector<at::Tensor> scales;
+  if (scale.has_value() && scale->defined()) scales.push_back(*scale);
+  return product(in.to(at::kFloat).contiguous(), transposed({weight}, scales)[0]);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("product", &product_of);
   pybind11::class_<T5Weights, std::shared_ptr<T5Weights>>(m, "T5Weights")
-      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
-                          at::Tensor, at::Tensor, int64_t, double, double>())
+      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor,
+                          std::vector<at::Tensor>, int64_t, double, double>())
       .def("encode", &T5Weights::encode);
   pybind11::class_<T5Decode>(m, "T5Decode")
       .def(pybind11::init<std::shared_ptr<T5Weights>, at::Tensor, c10::optional<at::Tensor>, at::Tensor>())

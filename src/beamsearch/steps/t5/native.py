@@ -20,9 +20,13 @@ over the cache and over the encoder output, ReLU) in plain vectorized loops. The
   ``logging.getLogger("beamsearch").setLevel(logging.DEBUG)`` the chooser says why it did not run a call.
 
 What it runs: any T5 / mT5 model the fast step runs (its gate and conditions, asked first by the chooser) with
-ReLU feed-forward blocks, float32, on the CPU; any head size, number of heads and layers, source length and
-length. int8 models (:func:`beamsearch.quantize_int8`) keep the eager fast step. Results equal the eager fast step's
-to float rounding (another order of float operations, and a polynomial ``exp`` of relative error 1e-7).
+ReLU feed-forward blocks, float32 or int8, on the CPU; any head size, number of heads and layers, source length and
+length. Results equal the eager fast step's to float rounding (another order of float operations, and a polynomial
+``exp`` of relative error 1e-7). int8 models (:func:`beamsearch.quantize_int8`, run with ``lean_step="fast"``): the
+same int8 weights as the eager fast step (requantized per output row after folding), but each product's input is
+quantized once, per row and symmetric (127 levels), and multiplied in one ``at::_int_mm`` (int32 sums), where the
+eager step's torch dynamic int8 products quantize the whole input per tensor: other (finer) activation rounding, so
+other results than the eager int8 step's, by the quantization error.
 
 Legend: B batch, K rows per example, N = B*K, V vocabulary, S source length, H heads, T positions of the bias table.
 """
@@ -42,10 +46,11 @@ from typing import Any
 import torch
 
 from ...hf_compat import t5_position_bias
-from .packed import fast_weights, is_int8
+from .packed import fast_weights
 
 LOG = logging.getLogger("beamsearch")
 SOURCE = Path(__file__).with_name("native.cpp")
+SOURCES = (SOURCE, SOURCE.with_name("native_kernels.h"))  # what a build reads: its key hashes both
 ENVIRONMENT = "BEAMSEARCH_NATIVE"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd")
 _OFF = ("0", "false", "no", "off")
@@ -66,8 +71,6 @@ def native_reason(model: Any) -> str | None:
     weight = model.decoder.embed_tokens.weight
     if weight.device.type != "cpu":
         return f"the model is on {weight.device.type} (the native step runs on the CPU)"
-    if is_int8(model.decoder.block[0].layer[0].SelfAttention.q):
-        return "an int8 model (the native step computes float32 products; int8 runs the eager fast step)"
     if weight.dtype != torch.float32:
         return f"the model's dtype is {weight.dtype} (the native step computes float32)"
     for stack in (model.encoder, model.decoder):
@@ -131,10 +134,10 @@ def cache_root() -> Path:
 
 
 def build_key() -> str:
-    """A name for one build: the source, torch and Python, the compiler and flags, and the CPU (the code is built
+    """A name for one build: the sources, torch and Python, the compiler and flags, and the CPU (the code is built
     for the CPU it runs on, so that a cache shared between machines never loads one CPU's binary on another)."""
-    parts = [SOURCE.read_bytes().decode(), torch.__version__, str(torch.version.git_version), sys.version,
-             platform.machine(), platform.system(), _cpu(), " ".join(FLAGS), os.environ.get("CXX", "c++")]
+    parts = [*(path.read_bytes().decode() for path in SOURCES), torch.__version__, str(torch.version.git_version),
+             sys.version, platform.machine(), platform.system(), _cpu(), " ".join(FLAGS), os.environ.get("CXX", "c++")]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -158,15 +161,24 @@ def native_weights(model: Any, packed: Any = None) -> Any:
     where the caller has it (each call of ``fast_weights`` checks the model's weights, about 3 ms on the G2P model)."""
     packed = fast_weights(model) if packed is None else packed
     if packed.native is None:
-        decoder = [layer[name].weight for layer in packed.decoder_layers
+        decoder = [layer[name] for layer in packed.decoder_layers
                    for name in ("qkv", "self_out", "cross_query", "cross_out", "inner", "outer")]
-        encoder = [layer[name].weight for layer in packed.encoder_layers
-                   for name in ("qkv", "self_out", "inner", "outer")]
+        decoder += [packed.output, packed.cross_keys_values]
+        encoder = [layer[name] for layer in packed.encoder_layers for name in ("qkv", "self_out", "inner", "outer")]
+        products = decoder + encoder
+        # int8 layers: their int8 weight and a scale per output; float32 ones (none where all are): an empty scale
+        scales = [p.int8_scales if p.int8 else torch.empty(0) for p in products] \
+            if any(p.int8 for p in products) else []
         packed.native = extension().T5Weights(
-            decoder, model.decoder.embed_tokens.weight.detach(), packed.output.weight,
-            packed.cross_keys_values.weight, encoder, model.encoder.embed_tokens.weight.detach(),
-            model.encoder.final_layer_norm.weight.detach(), packed.heads, packed.epsilon, packed.encoder_epsilon)
+            [_weight(p) for p in decoder], model.decoder.embed_tokens.weight.detach(), [_weight(p) for p in encoder],
+            model.encoder.embed_tokens.weight.detach(), model.encoder.final_layer_norm.weight.detach(), scales,
+            packed.heads, packed.epsilon, packed.encoder_epsilon)
     return packed.native
+
+
+def _weight(product: Any) -> torch.Tensor:
+    """A packed product's weight ``[out, in]`` for the extension: int8 values, or float32."""
+    return product.int8_weight if product.int8 else product.weight
 
 
 def native_t5_encode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

@@ -44,6 +44,8 @@ class PackedLinear:
                 quantized = torch.quantize_per_channel(weight.float().contiguous(), scales.double(), zero_points, 0,
                                                        torch.qint8)
                 self.packed = torch.ops.quantized.linear_prepack(quantized, None)
+            self.int8_weight = quantized.int_repr()  # [out, in]: the native step's copy (native.py)
+            self.int8_scales = quantized.q_per_channel_scales().float()  # [out]
             return
         self.weight = weight.contiguous()  # [out, in]
         self.weight_t = self.weight.t()  # [in, out], a view (addmm's transposed operand)
