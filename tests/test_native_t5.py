@@ -215,8 +215,11 @@ def test_the_environment_turns_it_off_and_the_log_says_why(monkeypatch, caplog):
     assert rows
 
 
-def test_what_it_does_not_run_is_named():
+def test_what_it_does_not_run_is_named(monkeypatch):
     assert native.native_reason(quantize_int8(random_t5(False, False))) is None  # int8 runs natively
+    monkeypatch.setattr(native, "_INT8", [False])  # a torch without torch._int_mm on the CPU
+    assert "has no int8 matrix product on the CPU" in native.native_reason(quantize_int8(random_t5(False, False)))
+    assert native.native_reason(random_t5(False, False)) is None  # float32 does not need it
     assert native.native_reason(random_t5(True, False)) == \
         "the feed-forward activation is NewGELUActivation (the native step computes ReLU)"
     assert "torch.float64" in native.native_reason(random_t5(False, False).double())
@@ -333,6 +336,5 @@ def test_the_build_key_names_the_cpu_and_torch(monkeypatch):
     key = native.build_key()
     monkeypatch.setattr(native, "_cpu", lambda: "another CPU")
     assert native.build_key() != key
-    monkeypatch.undo()
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     assert native.build_key() != key

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from ...hf_compat import t5_position_bias
-from .packed import fast_weights
+from .packed import fast_weights, is_int8
 
 LOG = logging.getLogger("beamsearch")
 SOURCE = Path(__file__).with_name("native.cpp")
@@ -56,6 +56,7 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd")
 _OFF = ("0", "false", "no", "off")
 _MODULE: list[Any] = []  # [module] once built or loaded, [None] once it failed
 _FAILURE: list[str] = []  # why it failed
+_INT8: list[bool] = []  # [whether torch._int_mm runs on the CPU], once asked
 
 
 def native_disabled() -> bool:
@@ -73,12 +74,26 @@ def native_reason(model: Any) -> str | None:
         return f"the model is on {weight.device.type} (the native step runs on the CPU)"
     if weight.dtype != torch.float32:
         return f"the model's dtype is {weight.dtype} (the native step computes float32)"
+    if is_int8(model.decoder.block[0].layer[0].SelfAttention.q) and not _int8_products():
+        return f"torch {torch.__version__} has no int8 matrix product on the CPU (torch._int_mm; the eager fast step " \
+               "runs int8)"
     for stack in (model.encoder, model.decoder):
         for block in stack.block:
             activation = getattr(block.layer[-1].DenseReluDense, "act", None)
             if type(activation) is not torch.nn.ReLU:
                 return f"the feed-forward activation is {type(activation).__name__} (the native step computes ReLU)"
     return extension_reason()
+
+
+def _int8_products() -> bool:
+    """Whether this torch multiplies int8 matrices on the CPU (``torch._int_mm``, which the int8 products call)."""
+    if not _INT8:
+        try:
+            ones = torch.ones(17, 8, dtype=torch.int8)
+            _INT8.append(bool(torch._int_mm(ones, ones.t().contiguous()).eq(8).all()))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            _INT8.append(False)
+    return _INT8[0]
 
 
 def extension_reason() -> str | None:
