@@ -79,21 +79,25 @@ def test_each_step_equals_the_lean_step(gated, tied, model_type, beams):
     model = t5(gated, tied, model_type=model_type)
     with torch.no_grad():
         lean, fast = lean_and_fast(model, 4, seed=2, max_length=12)
-        expansion = torch.arange(4).repeat_interleave(beams)
-        generator = torch.Generator().manual_seed(3)
-        tokens = torch.zeros(4 * beams, 1, dtype=torch.long)
-        for state in (lean, fast):
-            state.reorder(expansion)
-        for step in range(10):
-            expected = lean.prefill(tokens) if step == 0 else lean.forward(tokens[:, -1])
-            got = fast.prefill(tokens) if step == 0 else fast.forward(tokens[:, -1])
+        for expected, got in in_lockstep(lean, fast, 4, beams, steps=10, seed=3, vocab=VOCAB):
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-            # a beam reorder within each example, then the next tokens
-            parents = torch.randint(beams, (4, beams), generator=generator) + torch.arange(4)[:, None] * beams
-            for state in (lean, fast):
-                state.reorder(parents.view(-1))
-            tokens = torch.cat([tokens.index_select(0, parents.view(-1)),
-                                torch.randint(2, VOCAB, (4 * beams, 1), generator=generator)], dim=1)
+
+
+def in_lockstep(first, second, examples: int, beams: int, steps: int, seed: int, vocab: int):
+    """Two T5 states fed the same tokens: rows expanded to ``beams`` per example, then at every step a random beam
+    reorder within each example and random next tokens. Yields each step's logits ``(first's, second's)``."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.zeros(examples * beams, 1, dtype=torch.long)
+    for state in (first, second):
+        state.reorder(torch.arange(examples).repeat_interleave(beams))
+    for step in range(steps):
+        yield tuple(state.prefill(tokens) if step == 0 else state.forward(tokens[:, -1]) for state in (first, second))
+        parents = (torch.randint(beams, (examples, beams), generator=generator)
+                   + torch.arange(examples)[:, None] * beams).view(-1)
+        for state in (first, second):
+            state.reorder(parents)
+        tokens = torch.cat([tokens.index_select(0, parents),
+                            torch.randint(2, vocab, (examples * beams, 1), generator=generator)], dim=1)
 
 
 def test_examples_leaving_keep_the_others_right():

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from test_fast_t5 import assert_encoder_equals_the_models
+from test_fast_t5 import assert_encoder_equals_the_models, in_lockstep
 from tiny_hf import assert_generate_equivalent, random_t5
 
 from beamsearch.adapters.hf import search_model
@@ -272,21 +272,8 @@ def test_int8_runs_natively_as_its_products_say(monkeypatch):
         eager_encoded = fast_t5.fast_t5_encode(model, ids, mask)
         torch.testing.assert_close(encoded[kept], eager_encoded[kept], rtol=2e-2, atol=2e-2)
         eager = fast_t5.FastT5State(model, encoded, mask, 8)
-        generator = torch.Generator().manual_seed(6)
-        tokens = torch.zeros(6, 1, dtype=torch.long)
-        expand = torch.arange(3).repeat_interleave(2)
-        for state in (eager, fast):
-            state.reorder(expand)
-        worst = 0.0
-        for step in range(6):
-            expected = eager.prefill(tokens) if step == 0 else eager.forward(tokens[:, -1])
-            got = fast.prefill(tokens) if step == 0 else fast.forward(tokens[:, -1])
-            worst = max(worst, float((got - expected).abs().max() / expected.abs().max()))
-            parents = torch.randint(2, (3, 2), generator=generator) + torch.arange(3)[:, None] * 2
-            for state in (eager, fast):
-                state.reorder(parents.view(-1))
-            tokens = torch.cat([tokens.index_select(0, parents.view(-1)),
-                                torch.randint(2, VOCAB, (6, 1), generator=generator)], dim=1)
+        worst = max(float((got - expected).abs().max() / expected.abs().max())
+                    for expected, got in in_lockstep(eager, fast, 3, 2, steps=6, seed=6, vocab=VOCAB))
     # observed 2e-7 (float rounding); an input moved across a quantization step would add about 1e-3; the float32
     # model's logits are 5e-2 from these, so the bound tells the per-row quantization from none
     assert worst < 5e-3, worst
