@@ -34,23 +34,22 @@ struct T5Weights {
   std::vector<Product> e_qkv, e_out, e_inner, e_outer;                        // per encoder layer
 
   // decoder: 6 weights per layer (qkv, self_out, cross_query, cross_out, inner, outer), then the output and the
-  // cross-attention keys and values; encoder: 4 per layer. Weights [out, in]; scales: none (all float32) or one per
-  // weight in the same order (decoder, output, cross_kv, encoder): [out] for an int8 weight, empty for a float one.
+  // cross-attention keys and values; encoder: 4 per layer. Weights [out, in]; scales: one per weight in the same
+  // order (decoder, output, cross_kv, encoder): [out] for an int8 weight, empty for a float one.
   T5Weights(std::vector<at::Tensor> decoder, at::Tensor embed_, std::vector<at::Tensor> encoder,
             at::Tensor encoder_embed_, at::Tensor encoder_gain_, std::vector<at::Tensor> scales, int64_t heads,
             double eps_, double encoder_eps_)
       : H(heads), eps(eps_), encoder_eps(encoder_eps_) {
     TORCH_CHECK(decoder.size() % 6 == 2 && encoder.size() % 4 == 0, "T5Weights: 6 weights per decoder layer, the "
                 "output and cross_kv, 4 per encoder layer");
-    TORCH_CHECK(scales.empty() || scales.size() == decoder.size() + encoder.size(), "T5Weights: one scale per weight");
+    TORCH_CHECK(scales.size() == decoder.size() + encoder.size(), "T5Weights: one scale per weight");
     const size_t n = decoder.size();
-    const std::vector<at::Tensor> none;
-    auto all = transposed(decoder, scales.empty() ? none : std::vector<at::Tensor>(scales.begin(), scales.begin() + n));
+    auto all = transposed(decoder, std::vector<at::Tensor>(scales.begin(), scales.begin() + n));
     output = all[n - 2]; cross_kv = all[n - 1];
     all.resize(n - 2);
     qkv = every(all, 6, 0); self_out = every(all, 6, 1); cross_query = every(all, 6, 2);
     cross_out = every(all, 6, 3); inner = every(all, 6, 4); outer = every(all, 6, 5);
-    auto enc = transposed(encoder, scales.empty() ? none : std::vector<at::Tensor>(scales.begin() + n, scales.end()));
+    auto enc = transposed(encoder, std::vector<at::Tensor>(scales.begin() + n, scales.end()));
     e_qkv = every(enc, 4, 0); e_out = every(enc, 4, 1); e_inner = every(enc, 4, 2); e_outer = every(enc, 4, 3);
     embed = embed_.contiguous(); encoder_embed = encoder_embed_.contiguous();
     encoder_gain = encoder_gain_.contiguous();
@@ -302,9 +301,8 @@ struct T5Decode {
 
 // in [M, K] @ one product: weight [out, in] (float32, or int8 with scale [out]); what the tests check products by
 at::Tensor product_of(at::Tensor in, at::Tensor weight, c10::optional<at::Tensor> scale) {
-  std::vector<at::Tensor> scales;
-  if (scale.has_value() && scale->defined()) scales.push_back(*scale);
-  return product(in.to(at::kFloat).contiguous(), transposed({weight}, scales)[0]);
+  const bool int8 = scale.has_value() && scale->defined();
+  return product(in.to(at::kFloat).contiguous(), transposed({weight}, {int8 ? *scale : at::empty({0})})[0]);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -181,9 +181,7 @@ def native_weights(model: Any, packed: Any = None) -> Any:
         decoder += [packed.output, packed.cross_keys_values]
         encoder = [layer[name] for layer in packed.encoder_layers for name in ("qkv", "self_out", "inner", "outer")]
         products = decoder + encoder
-        # int8 layers: their int8 weight and a scale per output; float32 ones (none where all are): an empty scale
-        scales = [p.int8_scales if p.int8 else torch.empty(0) for p in products] \
-            if any(p.int8 for p in products) else []
+        scales = [p.int8_scales if p.int8 else torch.empty(0) for p in products]  # int8: one per output; else empty
         packed.native = extension().T5Weights(
             [_weight(p) for p in decoder], model.decoder.embed_tokens.weight.detach(), [_weight(p) for p in encoder],
             model.encoder.embed_tokens.weight.detach(), model.encoder.final_layer_norm.weight.detach(), scales,

@@ -100,14 +100,13 @@ struct Product {
   at::Tensor w, scale;  // scale undefined: a float weight
 };
 
-// [out, in] weights -> products [in, out]; scales: none (all float32) or one per weight: [out] for an int8 weight,
-// empty for a float32 one
+// [out, in] weights -> products [in, out]; scales: one per weight, [out] for an int8 weight, empty for a float32 one
 std::vector<Product> transposed(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& scales) {
-  TORCH_CHECK(scales.empty() || scales.size() == weights.size(), "one scale per int8 weight");
+  TORCH_CHECK(scales.size() == weights.size(), "one scale per weight");
   std::vector<Product> out;
   for (size_t i = 0; i < weights.size(); ++i) {
     Product p{weights[i].t().contiguous(), at::Tensor()};
-    if (!scales.empty() && scales[i].numel() > 0) {  // an empty scale: that weight is float32
+    if (scales[i].numel() > 0) {  // an empty scale: that weight is float32
       TORCH_CHECK(p.w.scalar_type() == at::kChar && scales[i].numel() == p.w.size(1), "an int8 weight and its scales");
       p.scale = scales[i].to(at::kFloat).contiguous();
     }
