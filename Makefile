@@ -16,9 +16,9 @@ $(STAMP): $(BIN)/python requirements-dev.txt pyproject.toml
 	# reference implementations for the toolkit-semantics tests (their own pins would replace torch)
 	$(BIN)/pip install -q --no-deps opennmt-py==3.5.1 pyonmttok==1.38.1 ctranslate2==4.8.5
 	$(BIN)/pip install -q --no-deps -e .
-	# the native T5 step is built once per machine (about 35 s; cached under ~/.cache/beamsearch/native), here
-	# rather than silently at the first decode
-	$(BIN)/python -m beamsearch.steps.t5.native
+	# the native extension (the T5 step, the beam bookkeeping) is built once per machine (about 35-60 s; cached under
+	# ~/.cache/beamsearch/native), here rather than silently at the first decode
+	$(BIN)/python -c "import beamsearch.extension as e; e.main()"
 	touch $(STAMP)
 
 run: $(STAMP)

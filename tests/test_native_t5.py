@@ -15,6 +15,7 @@ import torch
 from test_fast_t5 import assert_encoder_equals_the_models, in_lockstep
 from tiny_hf import assert_generate_equivalent, random_t5
 
+from beamsearch import extension
 from beamsearch.adapters.hf import search_model
 from beamsearch.quantize import quantize_int8
 from beamsearch.steps.t5 import fast as fast_t5
@@ -32,10 +33,10 @@ VOCAB = 48
 @pytest.fixture(autouse=True)
 def built(monkeypatch):
     """The extension (compiled on first use, about 35 s once): skipped, naming why, where it cannot be built."""
-    monkeypatch.delenv(native.ENVIRONMENT, raising=False)
+    monkeypatch.delenv(extension.ENVIRONMENT, raising=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        reason = native.extension_reason()
+        reason = extension.extension_reason()
     if reason is not None:
         pytest.skip(f"the native T5 step cannot be built here: {reason}")
 
@@ -181,13 +182,13 @@ def test_a_failed_build_falls_back_with_one_warning(monkeypatch):
     model = random_t5(False, False, seed=5)
     ids, mask = padded_inputs(3, seed=5)
     expected = search_model(model, input_ids=ids, attention_mask=mask, num_beams=3, max_new_tokens=6)
-    monkeypatch.setattr(native, "_MODULE", [])
-    monkeypatch.setattr(native, "_FAILURE", [])
+    monkeypatch.setattr(extension, "_MODULE", [])
+    monkeypatch.setattr(extension, "_FAILURE", [])
 
     def no_compiler():
         raise RuntimeError("no C++ compiler ('c++' is not on PATH)")
 
-    monkeypatch.setattr(native, "_load", no_compiler)
+    monkeypatch.setattr(extension, "_load", no_compiler)
     rows = count_native_steps(monkeypatch)
     with pytest.warns(RuntimeWarning, match=r"native T5 step is not available \(no C\+\+ compiler"):
         first = search_model(model, input_ids=ids, attention_mask=mask, num_beams=3, max_new_tokens=6)
@@ -204,13 +205,13 @@ def test_the_environment_turns_it_off_and_the_log_says_why(monkeypatch, caplog):
     model = random_t5(False, False, seed=6)
     ids, mask = padded_inputs(2, seed=6)
     rows = count_native_steps(monkeypatch)
-    monkeypatch.setenv(native.ENVIRONMENT, "0")
+    monkeypatch.setenv(extension.ENVIRONMENT, "0")
     with caplog.at_level(logging.DEBUG, logger="beamsearch"):
         search_model(model, input_ids=ids, attention_mask=mask, num_beams=2, max_new_tokens=4)
     assert not rows
     assert "the native fast T5 step (one C++ call per step) does not run this call: BEAMSEARCH_NATIVE=0 turns it " \
            "off" in caplog.text
-    monkeypatch.delenv(native.ENVIRONMENT)
+    monkeypatch.delenv(extension.ENVIRONMENT)
     search_model(model, input_ids=ids, attention_mask=mask, num_beams=2, max_new_tokens=4)
     assert rows
 
@@ -232,7 +233,7 @@ def test_int8_products_quantize_each_input_once_per_row():
     float32 (whose integers are exact below 2^24). The C++ may fuse the quantization's multiply and rounding (an
     FMA), so an input within an ulp of a half step may land one level away: nearly every output is bitwise equal,
     the rest within one level of one input. A float32 weight: ``x @ W.T`` to float rounding."""
-    ext = native.extension()
+    ext = extension.extension()
     generator = torch.Generator().manual_seed(4)
     for rows, width, out in ((70, 200, 50), (1, 192, 101), (5, 17, 3)):  # widths off the vector size too
         x = torch.randn(rows, width, generator=generator) * 3
@@ -320,8 +321,8 @@ def test_updated_weights_are_packed_again():
 
 def test_the_build_key_names_the_cpu_and_torch(monkeypatch):
     """A binary is built for the CPU it runs on: another CPU (or torch) gets another cache folder."""
-    key = native.build_key()
-    monkeypatch.setattr(native, "_cpu", lambda: "another CPU")
-    assert native.build_key() != key
+    key = extension.build_key()
+    monkeypatch.setattr(extension, "_cpu", lambda: "another CPU")
+    assert extension.build_key() != key
     monkeypatch.setattr(torch, "__version__", "0.0.0")
-    assert native.build_key() != key
+    assert extension.build_key() != key

@@ -24,6 +24,7 @@ from ..scoring import hf_length_normalised
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import MASK, StepTrace
+from .beam_native import native_beam_reason, native_beam_update
 from .pool import Hypotheses, PoolSearch, first_live
 from .score_checks import check_enough_hypotheses, sample
 
@@ -77,6 +78,7 @@ class BeamSearch(PoolSearch):
         self.keep_alignments = output_alignments
         # finished examples leave the batch (only when that is exact: see compaction.removal_is_exact)
         self.active = ActiveExamples(b, device) if remove_finished else None
+        self.native: bool | None = None  # the bookkeeping in one C++ call (beam_native.py), decided at the first step
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None,
                 owned: bool = False) -> torch.Tensor | None:
@@ -90,6 +92,11 @@ class BeamSearch(PoolSearch):
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
         self.watch.start(self.length - self.prompt_length, logits, log_probs, self.example_ids)
+        if self.native is None:
+            self.native = native_beam_reason(self) is None
+        if self.native:
+            values, positions = self._choose_candidates(unflatten_beams(log_probs, b))  # [B, C]
+            return self._leave(*native_beam_update(self, log_probs, values, positions))
         if self.keep_alignments:
             self._start_alignments(attention)
         candidates, parents = self._grow(unflatten_beams(log_probs, b))  # [B, C]
@@ -116,12 +123,16 @@ class BeamSearch(PoolSearch):
         is done or every candidate hit a criterion (with row-independent criteria only: the length limit).
         Returns None (nothing to reorder) when the search ends here or every beam continued from its own row.
         """
-        k = self.rows_per_example
         done = ~self.can_improve[:, 0]  # [B']
         if self.early_stopping is True:
             done = done | torch.all(self.finished.finished, dim=-1)
         identity = torch.all(rows == torch.arange(rows.shape[0], device=rows.device))
         *done, all_hit, identity = self.watch.read(torch.cat((done, torch.stack((torch.all(self.hits), identity)))))
+        return self._leave(rows, done, all_hit, identity)
+
+    def _leave(self, rows: torch.Tensor, done: list, all_hit: bool, identity: bool) -> torch.Tensor | None:
+        """Act on the step's verdicts (read from the host): end the search, or drop the examples that are done."""
+        k = self.rows_per_example
         self._done = bool(all_hit) or all(done)
         if self._done:
             return None

@@ -1,5 +1,5 @@
-// The fast T5 step as one C++ call per decoding step, and T5's encoder as one call per batch (native.py builds this
-// file at first use and says what it computes). Products go through ATen (at::mm_out, addmm_ with the residual:
+// The fast T5 step as one C++ call per decoding step, and T5's encoder as one call per batch (native.py says what it
+// computes; beamsearch/extension.py builds it at first use, extension.cpp registers it). Products go through ATen (at::mm_out, addmm_ with the residual:
 // MKL or oneDNN, without Python or autograd); norms, attention, ReLU run as plain loops over GCC/Clang vectors.
 // int8 models: each product's input is quantized once (per row, symmetric, 127 levels), multiplied by the int8
 // weight in one at::_int_mm (int32 sums), and scaled back by row and by output column.
@@ -305,7 +305,7 @@ at::Tensor product_of(at::Tensor in, at::Tensor weight, c10::optional<at::Tensor
   return product(in.to(at::kFloat).contiguous(), transposed({weight}, {int8 ? *scale : at::empty({0})})[0]);
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void register_t5(pybind11::module_& m) {
   m.def("product", &product_of);
   pybind11::class_<T5Weights, std::shared_ptr<T5Weights>>(m, "T5Weights")
       .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor,

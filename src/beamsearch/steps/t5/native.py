@@ -11,12 +11,9 @@ over the cache and over the encoder output, ReLU) in plain vectorized loops. The
   per row, the row of the step before that it continues; a row's earlier keys are found by walking that chain once
   per step. The engine's reorders (beams, the expansion to beams, finished examples leaving the batch) are recorded
   in the state's place for the cache (:class:`NativeDecoder`) and handed to the next call as its parent rows.
-- **Built at first use.** ``torch.utils.cpp_extension.load`` compiles ``native.cpp`` once (about 35 s) into a
-  cache keyed by the source, torch, Python, the compiler flags and the CPU (the code is built for the CPU it runs
-  on, ``-march=native``, so a binary is never loaded on another CPU or torch): ``$BEAMSEARCH_NATIVE_CACHE``, else
-  ``$XDG_CACHE_HOME/beamsearch/native``, else ``~/.cache/beamsearch/native``. Later processes load it in a fraction of
-  a second. Where no compiler is available or the build fails, one warning says so and the eager fast step runs.
-- **Turned off** by ``BEAMSEARCH_NATIVE=0`` (then the eager fast step runs); with
+- **Built at first use** with the beam search's native bookkeeping, as one extension
+  (:mod:`beamsearch.extension`: compiled once per machine and cached; where it cannot be built, one warning and the
+  eager fast step). **Turned off** by ``BEAMSEARCH_NATIVE=0`` (then the eager fast step runs); with
   ``logging.getLogger("beamsearch").setLevel(logging.DEBUG)`` the chooser says why it did not run a call.
 
 What it runs: any T5 / mT5 model the fast step runs (its gate and conditions, asked first by the chooser) with
@@ -33,42 +30,22 @@ Legend: B batch, K rows per example, N = B*K, V vocabulary, S source length, H h
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import sys
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from ...extension import disabled_reason, extension, extension_reason, native_disabled
 from ...hf_compat import t5_position_bias
 from .packed import fast_weights, is_int8
 
-LOG = logging.getLogger("beamsearch")
-SOURCE = Path(__file__).with_name("native.cpp")
-SOURCES = (SOURCE, SOURCE.with_name("native_kernels.h"))  # what a build reads: its key hashes both
-ENVIRONMENT = "BEAMSEARCH_NATIVE"
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd")
-_OFF = ("0", "false", "no", "off")
-_MODULE: list[Any] = []  # [module] once built or loaded, [None] once it failed
-_FAILURE: list[str] = []  # why it failed
 _INT8: list[bool] = []  # [whether torch._int_mm runs on the CPU], once asked
-
-
-def native_disabled() -> bool:
-    """Whether ``BEAMSEARCH_NATIVE`` turns the native step off (``0``, ``false``, ``no``, ``off``)."""
-    return os.environ.get(ENVIRONMENT, "").strip().lower() in _OFF
 
 
 def native_reason(model: Any) -> str | None:
     """Why the native step cannot run this model (None: it can), beyond the fast step's conditions and gate, which
     the chooser has asked first. Builds the extension on the first call that gets that far."""
     if native_disabled():
-        return f"{ENVIRONMENT}={os.environ[ENVIRONMENT]} turns it off"
+        return disabled_reason()
     weight = model.decoder.embed_tokens.weight
     if weight.device.type != "cpu":
         return f"the model is on {weight.device.type} (the native step runs on the CPU)"
@@ -94,77 +71,6 @@ def _int8_products() -> bool:
         except (AttributeError, RuntimeError, NotImplementedError):
             _INT8.append(False)
     return _INT8[0]
-
-
-def extension_reason() -> str | None:
-    """Why the extension is not available (None: it is loaded); builds or loads it on the first call."""
-    return None if extension() is not None else _FAILURE[0]
-
-
-def extension() -> Any:
-    """The compiled extension, built or loaded on the first call (None where that failed: one warning, then the
-    eager fast step runs)."""
-    if not _MODULE:
-        try:
-            _MODULE.append(_load())
-        except Exception as error:  # a compiler's or loader's error of any kind: the eager step runs instead
-            lines = str(error).strip().splitlines()
-            errors = [line.strip() for line in lines if "error" in line.lower()]  # the compiler's, past the command
-            _FAILURE.append((errors[1:] or errors or lines or [type(error).__name__])[0][:300])
-            _MODULE.append(None)
-            warnings.warn(f"beamsearch: the native T5 step is not available ({_FAILURE[0]}); the eager fast step "
-                          f"runs instead (set {ENVIRONMENT}=0 to skip the build)", RuntimeWarning, stacklevel=3)
-    return _MODULE[0]
-
-
-def _load() -> Any:
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C++ compiler ({compiler!r} is not on PATH)")
-    from torch.utils import cpp_extension
-
-    if shutil.which("ninja") is None:  # the registry's ninja package (the hf extra) where the system has none
-        try:
-            import ninja
-
-            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
-        except ImportError:
-            pass
-    if not cpp_extension.is_ninja_available():
-        raise RuntimeError("ninja is not on PATH (torch.utils.cpp_extension builds with it: pip install ninja)")
-    key = build_key()
-    folder = cache_root() / key
-    folder.mkdir(parents=True, exist_ok=True)
-    LOG.info("beamsearch: loading the native T5 step from %s (built there on first use, about 35 s)", folder)
-    return cpp_extension.load(name=f"beamsearch_t5_native_{key}", sources=[str(SOURCE)],
-                              build_directory=str(folder), extra_cflags=list(FLAGS), verbose=False)
-
-
-def cache_root() -> Path:
-    """Where built extensions are kept: ``$BEAMSEARCH_NATIVE_CACHE``, else the user's cache folder."""
-    if os.environ.get("BEAMSEARCH_NATIVE_CACHE"):
-        return Path(os.environ["BEAMSEARCH_NATIVE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "beamsearch" / "native"
-
-
-def build_key() -> str:
-    """A name for one build: the sources, torch and Python, the compiler and flags, and the CPU (the code is built
-    for the CPU it runs on, so that a cache shared between machines never loads one CPU's binary on another)."""
-    parts = [*(path.read_bytes().decode() for path in SOURCES), torch.__version__, str(torch.version.git_version),
-             sys.version, platform.machine(), platform.system(), _cpu(), " ".join(FLAGS), os.environ.get("CXX", "c++")]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-
-
-def _cpu() -> str:
-    """The CPU's model and feature flags (Linux: the first processor of /proc/cpuinfo)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    first = text.split("\n\n")[0]
-    return "\n".join(line for line in first.splitlines() if line.startswith(("vendor_id", "model", "cpu family",
-                                                                              "flags", "Features", "CPU part")))
 
 
 # ---------------------------------------------------------------------------------------------------- the model
@@ -266,8 +172,3 @@ class NativeDecoder:
         self.parents = None
         self.last_rows = tokens.shape[0]
         return logits
-
-
-if __name__ == "__main__":  # make's install step: build (or find) the extension once, saying which
-    print("beamsearch: native T5 step " + ("ready" if extension_reason() is None else
-                                           f"not available, the eager fast step runs ({extension_reason()})"))

@@ -1,0 +1,10 @@
+// The native extension's module (extension.py builds it): what each source defines, registered under one name.
+#include <torch/extension.h>
+
+void register_t5(pybind11::module_& m);    // steps/t5/native.cpp: the T5 step, its encoder and products
+void register_beam(pybind11::module_& m);  // strategies/beam_native.cpp: a beam search step's bookkeeping
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_t5(m);
+  register_beam(m);
+}

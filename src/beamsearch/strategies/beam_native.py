@@ -1,0 +1,101 @@
+"""A beam search step's bookkeeping in one C++ call (``beam_native.cpp``), where the search is plain enough.
+
+After the processors and the choice of the C candidates (:func:`~beamsearch.selection.top_totals`, as transformers
+chooses them), :class:`~.beam.BeamSearch` does about 200 small PyTorch operations per step in Python (the
+candidates' hypotheses, the stopping verdicts, the finished pool's merge, the next live beams, whether each example
+can still improve): about 2 ms a step on the CPU, whatever the model. This runs the same arithmetic, in the same
+float32 operations and order, in one call, its two selections by score through ``at::topk`` as in Python so that
+ties are ordered alike. Results are bitwise those of the Python step (tested on random searches).
+
+It runs when the search is beam search (not sampling, not a subclass with other rules: CTranslate2's, OpenNMT's),
+ranks the pool by ``sum / length ** length_penalty`` (no ``sequence_scorer``, no ``unique``), keeps no alignments,
+records no trace, streams nothing, removes finished examples, stops only at the length limit and the end tokens
+(no ``max_time``, stop strings or criteria of the caller's), runs on the CPU, and the native extension is built
+(:mod:`beamsearch.extension`; ``BEAMSEARCH_NATIVE=0`` turns it off). Otherwise the Python step runs.
+
+Legend: B active examples, K beams, C candidates per example, N = B*K, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..extension import extension, native_disabled
+from ..stopping import EosTokenCriteria, MaxLengthCriteria
+from .pool import Hypotheses
+
+LIVE = ("tokens", "scores", "token_log_probs", "beam_indices")
+FINISHED = (*LIVE, "finished", "reasons")
+EARLY_STOPPING = {False: 0, True: 1, "never": 2}
+
+
+def native_beam_reason(search: Any) -> str | None:
+    """Why ``search`` (a :class:`~.beam.BeamSearch` before its first step) cannot use the native bookkeeping (None:
+    it can)."""
+    from .beam import BeamSearch
+
+    if type(search) is not BeamSearch:
+        return f"{type(search).__name__} has rules of its own"
+    if native_disabled():
+        return "BEAMSEARCH_NATIVE turns it off"
+    if search.do_sample or search.scorer is not None or search.pool_keys is not None or search.keep_alignments:
+        return "beam sampling, a sequence scorer, unique outputs or alignments"
+    if search.recorder is not None or search.watch.rider is not None:
+        return "a trace or streaming"
+    if search.active is None:
+        return "finished examples kept in the batch (per-step scores, or a criterion or processor of the caller's)"
+    if search.live.scores.device.type != "cpu" or search.early_stopping not in EARLY_STOPPING:
+        return "not on the CPU, or an early_stopping of another kind"
+    if set(search.live.fields) != set(LIVE) \
+            or set(search.finished.fields) != set(FINISHED) or search.finished.scores.dtype != torch.float32 \
+            or search.live.scores.dtype != torch.float32:
+        return "hypotheses with other fields or dtypes"
+    if not _plain_criteria(search):
+        return "a stopping criterion other than the length limit and the end tokens"
+    return None if extension() is not None else "the native extension is not built"
+
+
+def _plain_criteria(search: Any) -> bool:
+    """The criteria are the length limit at ``search.max_length``, then (where the search has end tokens) the
+    end-token criterion on exactly those ids."""
+    criteria = list(search.criteria)
+    eos = sorted(set(search.eos_token_id or ()))
+    if not criteria or type(criteria[0]) is not MaxLengthCriteria or criteria[0].max_length != search.max_length:
+        return False
+    rest = criteria[1:]
+    if not eos:
+        return not rest
+    return len(rest) == 1 and type(rest[0]) is EosTokenCriteria and sorted(set(rest[0].eos_token_id.tolist())) == eos
+
+
+def native_beam_update(search: Any, log_probs: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+                       ) -> tuple[torch.Tensor, list[int], int, int]:
+    """One step's bookkeeping: updates ``search.live``, ``search.finished``, ``search.can_improve`` and
+    ``search.length``; flags NaN totals on the search's watch.
+
+    Args:
+        log_probs: ``[N, V]`` after the processors.
+        values, positions: the C candidates ``[B, C]`` (totals, and beam * V + token), best first.
+
+    Returns:
+        ``(rows [N], done, all_hit, identity)``: the new beams' parent rows, whether each example is done (host
+        booleans, read with the step's one host sync), whether every candidate hit a criterion, and whether every
+        beam continues its own row.
+    """
+    live, pool = search.live, search.finished
+    out = extension().beam_update(
+        values, positions, log_probs, [live.fields[name] for name in LIVE], [pool.fields[name] for name in FINISHED],
+        search.can_improve[:, 0], search.example_ids, search.length, search.prompt_length, search.max_length,
+        list(search.eos_token_id or ()), float(search.length_penalty), EARLY_STOPPING[search.early_stopping])
+    t0 = search.prompt_length
+    search.live = Hypotheses(t0, **dict(zip(LIVE, out[:4])))
+    search.finished = Hypotheses(t0, **dict(zip(FINISHED, out[4:10])))
+    search.can_improve = out[10][:, None]
+    search.length += 1
+    rows, flags, nan = out[11], out[12], out[13]
+    b = values.shape[0]
+    search.watch.flag(nan)
+    *done, all_hit, identity = search.watch.read(flags[: b + 2])
+    return rows, done, all_hit, identity

@@ -1,0 +1,185 @@
+"""The beam search step's bookkeeping in one C++ call (``strategies/beam_native.py``) against the Python step.
+
+The reference is the same search with the native bookkeeping turned off (``BeamSearch`` then runs its Python
+step): the same shapes, the same float32 operations in the same order, so results are compared bit for bit,
+on random searches with ties, masked tokens, several end tokens, every early-stopping mode and length penalties of
+both signs. The Python step itself is checked against transformers by the parity tests (which now run the native
+bookkeeping wherever it applies, so they check it against transformers too).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from fakes import PrefixModel
+
+from beamsearch import search
+from beamsearch.errors import SearchError
+from beamsearch.extension import extension_reason
+from beamsearch.strategies import beam, beam_native
+
+pytestmark = pytest.mark.skipif(extension_reason() is not None, reason="the native extension is not built here")
+
+
+class TiedModel(PrefixModel):
+    """Prefix-hashed logits rounded to quarters (many exact ties among the totals), some tokens masked at -inf."""
+
+    def __init__(self, vocab_size: int, seed: int, masked: int = 0):
+        super().__init__(vocab_size, seed=seed, sharpness=1.5)
+        self.table = (self.table * 4).round() / 4
+        if masked:
+            self.table[:, vocab_size - masked:] = float("-inf")
+
+
+def count_native(monkeypatch) -> list[int]:
+    """The number of native bookkeeping calls, one entry per call (its examples)."""
+    calls: list[int] = []
+    real = beam_native.native_beam_update
+
+    def counted(search_, log_probs, values, positions):
+        calls.append(values.shape[0])
+        return real(search_, log_probs, values, positions)
+
+    monkeypatch.setattr(beam, "native_beam_update", counted)
+    return calls
+
+
+def python_step(monkeypatch):
+    monkeypatch.setattr(beam, "native_beam_reason", lambda search_: "turned off by the test")
+
+
+def assert_identical(got, want):
+    for field in ("sequences", "sequences_scores", "token_log_probs", "beam_indices", "finish_reason", "lengths",
+                  "sum_log_probs"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a.dtype == b.dtype and a.shape == b.shape, field
+        assert torch.equal(a, b) or torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), \
+            field
+
+
+def random_case(seed: int) -> tuple[PrefixModel, torch.Tensor, dict]:
+    rng = random.Random(seed)
+    vocab = rng.choice((6, 9, 23, 50))
+    model = TiedModel(vocab, seed, masked=rng.choice((0, 0, 2)))
+    beams = rng.randint(2, 6)
+    eos = rng.choice(((), (1,), (1, 4), (2,)))
+    options = dict(num_beams=beams, num_return_sequences=rng.randint(1, beams), max_new_tokens=rng.randint(1, 9),
+                   length_penalty=rng.choice((1.0, 0.0, -0.5, 0.7, 2.0)),
+                   early_stopping=rng.choice((False, True, "never")), pad_token_id=0)
+    if eos:
+        options["eos_token_id"] = list(eos)
+    batch, prompt = rng.randint(1, 6), rng.randint(1, 3)
+    input_ids = torch.randint(3, vocab, (batch, prompt), generator=torch.Generator().manual_seed(seed))
+    if eos and rng.random() < 0.3:
+        options["min_new_tokens"] = rng.randint(1, 3)
+    if rng.random() < 0.3:
+        options["no_repeat_ngram_size"] = 2
+    return model, input_ids, options
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_native_bookkeeping_equals_the_python_step_bit_for_bit(monkeypatch, seed):
+    model, input_ids, options = random_case(seed)
+    calls = count_native(monkeypatch)
+    got = search(model, input_ids, **options)
+    assert calls, "the native bookkeeping did not run"
+    monkeypatch.undo()
+    python_step(monkeypatch)
+    calls = count_native(monkeypatch)
+    want = search(model, input_ids, **options)
+    assert not calls
+    assert_identical(got, want)
+
+
+def test_finished_examples_leave_the_batch_as_in_python(monkeypatch):
+    """Examples of very different lengths: they finish at different steps and leave, on both paths alike."""
+    model = TiedModel(12, seed=3)
+    input_ids = torch.randint(3, 12, (8, 2), generator=torch.Generator().manual_seed(1))
+    options = dict(num_beams=4, num_return_sequences=2, max_new_tokens=12, eos_token_id=[1, 2], pad_token_id=0)
+    calls = count_native(monkeypatch)
+    got = search(model, input_ids, **options)
+    assert calls[0] == 8 and calls[-1] < 8, calls  # examples left the batch
+    monkeypatch.undo()
+    python_step(monkeypatch)
+    assert_identical(got, search(model, input_ids, **options))
+
+
+def test_a_nan_is_named_as_in_python(monkeypatch):
+    def step(tokens, state):
+        logits = torch.zeros(tokens.shape[0], 5)
+        if tokens.shape[1] == 3:
+            logits[-1, 2] = float("nan")
+        return logits, state
+
+    input_ids = torch.ones(2, 1, dtype=torch.long)
+    with pytest.raises(SearchError) as native_error:
+        search(step, input_ids, num_beams=2, max_new_tokens=4, eos_token_id=4)
+    python_step(monkeypatch)
+    with pytest.raises(SearchError) as python_error:
+        search(step, input_ids, num_beams=2, max_new_tokens=4, eos_token_id=4)
+    assert str(native_error.value) == str(python_error.value)
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"do_sample": True}, "beam sampling"),
+    ({"sequence_scorer": lambda tokens, log_probs, lengths: log_probs.sum(dim=-1)}, "a sequence scorer"),
+    ({"unique": True}, "unique outputs"),
+    ({"output_scores": True}, "finished examples kept in the batch"),
+    ({"max_time": 100.0}, "a stopping criterion other than"),
+    ({"stopping_criteria": [lambda ids, scores: ids[:, -1] == 3]}, "finished examples kept in the batch"),
+    ({"trace": True}, "a trace"),
+])
+def test_what_it_does_not_run_is_left_to_python_with_a_reason(monkeypatch, options, why):
+    reasons: list[str | None] = []
+    real = beam_native.native_beam_reason
+
+    def recorded(search_):
+        reasons.append(real(search_))
+        return reasons[-1]
+
+    monkeypatch.setattr(beam, "native_beam_reason", recorded)
+    calls = count_native(monkeypatch)
+    model = TiedModel(9, seed=2)
+    search(model, torch.full((2, 1), 3), num_beams=3, max_new_tokens=4, eos_token_id=1, pad_token_id=0, **options)
+    assert not calls
+    assert reasons and why in reasons[0], reasons
+
+
+def test_the_environment_turns_it_off(monkeypatch):
+    monkeypatch.setenv("BEAMSEARCH_NATIVE", "0")
+    calls = count_native(monkeypatch)
+    search(TiedModel(9, seed=2), torch.full((2, 1), 3), num_beams=3, max_new_tokens=4, eos_token_id=1)
+    assert not calls
+
+
+def test_other_beam_rules_keep_their_own_step(monkeypatch):
+    """CTranslate2's and OpenNMT's beam searches subclass BeamSearch with rules of their own: never native."""
+    calls = count_native(monkeypatch)
+    for semantics in ("ct2", "onmt", "t2t"):
+        search(TiedModel(9, seed=2), torch.full((2, 1), 3), num_beams=3, max_new_tokens=4, eos_token_id=1,
+               semantics=semantics, source_lengths=torch.tensor([5, 6]))
+    assert not calls
+
+
+def test_the_main_job_is_unchanged(monkeypatch):
+    """The embedded model on 64 test words at beam 5 (what `beamsearch decode` runs), both paths bit for bit."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from beamsearch.adapters.hf import search_model
+    from beamsearch.cli.decoding import EMBEDDED_MODEL
+    from beamsearch.cli.evaluate import CMUDICT_TEST
+    from beamsearch.evaluation import read_references
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(EMBEDDED_MODEL).eval()
+    tokenizer = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+    words = [source.lower() for source, _ in read_references(CMUDICT_TEST)[:64]]
+    inputs = tokenizer(words, return_tensors="pt", padding=True)
+    calls = count_native(monkeypatch)
+    got = search_model(model, **inputs, num_beams=5, num_return_sequences=3)
+    assert calls
+    monkeypatch.undo()
+    python_step(monkeypatch)
+    assert_identical(got, search_model(model, **inputs, num_beams=5, num_return_sequences=3))
