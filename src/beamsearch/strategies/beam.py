@@ -92,8 +92,8 @@ class BeamSearch(PoolSearch):
         log_probs = run_processors(self.processors, self.tokens(), torch.log_softmax(logits, dim=-1), True)  # [N, V]
         self.trace.record(log_probs, logits)
         self.watch.start(self.length - self.prompt_length, logits, log_probs, self.example_ids)
-        if self.native is None:
-            self.native = native_beam_reason(self) is None
+        if self.native is None:  # CTranslate2's, OpenNMT's and tensor2tensor's beam searches have rules of their own
+            self.native = type(self) is BeamSearch and native_beam_reason(self) is None
         if self.native:
             values, positions = self._choose_candidates(unflatten_beams(log_probs, b))  # [B, C]
             return self._leave(*native_beam_update(self, log_probs, values, positions))

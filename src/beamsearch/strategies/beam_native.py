@@ -32,12 +32,8 @@ EARLY_STOPPING = {False: 0, True: 1, "never": 2}
 
 
 def native_beam_reason(search: Any) -> str | None:
-    """Why ``search`` (a :class:`~.beam.BeamSearch` before its first step) cannot use the native bookkeeping (None:
-    it can)."""
-    from .beam import BeamSearch
-
-    if type(search) is not BeamSearch:
-        return f"{type(search).__name__} has rules of its own"
+    """Why ``search`` (a :class:`~.beam.BeamSearch` itself, not a subclass with rules of its own, before its first
+    step) cannot use the native bookkeeping (None: it can)."""
     if native_disabled():
         return "BEAMSEARCH_NATIVE turns it off"
     if search.do_sample or search.scorer is not None or search.pool_keys is not None or search.keep_alignments:
