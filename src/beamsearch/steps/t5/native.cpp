@@ -238,12 +238,9 @@ struct T5Decode {
             for (int64_t h = 0; h < H; ++h) weights[h * m + j] = dot(qn + h * d, k + h * d, d) + bs[h * T + (t - j)];
           }
           for (int64_t h = 0; h < H; ++h) softmax_blocks(weights.data() + h * m, m);
-          float* out = ap + n * I;
-          std::fill(out, out + I, 0.f);
-          for (int64_t j = 0; j <= t; ++j) {
-            const float* v = layer[j] + c[j] * 3 * I + 2 * I;
-            for (int64_t h = 0; h < H; ++h) axpy(weights[h * m + j], v + h * d, out + h * d, d);
-          }
+          for (int64_t h = 0; h < H; ++h)
+            weighted_sum(weights.data() + h * m, [&](int64_t j) { return layer[j] + c[j] * 3 * I + 2 * I + h * d; },
+                         t + 1, ap + n * I + h * d, d);
         }
       });
       product(X, A, w->self_out[l], true);
@@ -290,9 +287,8 @@ struct T5Decode {
             store16(wt + j, (a0 + a1) + (a2 + a3));
           }
           softmax_blocks(wt, Sp);
-          float* o = op + n * I + h * d;
-          std::fill(o, o + d, 0.f);
-          for (int64_t j = 0; j < S; ++j) axpy(wt[j], values + (b * S + j) * I + h * d, o, d);
+          const float* vh = values + b * S * I + h * d;
+          weighted_sum(wt, [&](int64_t j) { return vh + j * I; }, S, op + n * I + h * d, d);
         }
       }
     });

@@ -58,6 +58,32 @@ inline void axpy(float w, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += w * x[i];
 }
 
+// out[0..d) = sum over j < n of w[j] * row(j)[0..d), j ascending; row(j) a pointer. Where d is 16, 32, 48 or 64
+// the sums stay in registers over j (the same operations in the same order as axpy into a zeroed out)
+template <int BLOCKS, typename Row>
+inline void weighted_sum_fixed(const float* w, Row row, int64_t n, float* out) {
+  v16 acc[BLOCKS] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const float* x = row(j);
+    const v16 s = splat(w[j]);
+    for (int b = 0; b < BLOCKS; ++b) acc[b] += s * load16(x + b * BLK);
+  }
+  for (int b = 0; b < BLOCKS; ++b) store16(out + b * BLK, acc[b]);
+}
+
+template <typename Row>
+inline void weighted_sum(const float* w, Row row, int64_t n, float* out, int64_t d) {
+  switch (d) {
+    case 16: return weighted_sum_fixed<1>(w, row, n, out);
+    case 32: return weighted_sum_fixed<2>(w, row, n, out);
+    case 48: return weighted_sum_fixed<3>(w, row, n, out);
+    case 64: return weighted_sum_fixed<4>(w, row, n, out);
+    default:
+      std::fill(out, out + d, 0.f);
+      for (int64_t j = 0; j < n; ++j) axpy(w[j], row(j), out, d);
+  }
+}
+
 // w[0..m) <- softmax(w[0..m)), m a multiple of BLK (the tail holds MASKED scores)
 inline void softmax_blocks(float* w, int64_t m) {
   v16 top16 = splat(MASKED);
