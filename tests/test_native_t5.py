@@ -190,7 +190,8 @@ def test_a_failed_build_falls_back_with_one_warning(monkeypatch):
 
     monkeypatch.setattr(extension, "_load", no_compiler)
     rows = count_native_steps(monkeypatch)
-    with pytest.warns(RuntimeWarning, match=r"native T5 step is not available \(no C\+\+ compiler"):
+    with pytest.warns(RuntimeWarning, match=r"native extension \(the T5 step, the search bookkeeping\) is not "
+                                             r"available \(no C\+\+ compiler"):
         first = search_model(model, input_ids=ids, attention_mask=mask, num_beams=3, max_new_tokens=6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning

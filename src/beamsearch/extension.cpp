@@ -2,9 +2,9 @@
 #include <torch/extension.h>
 
 void register_t5(pybind11::module_& m);    // steps/t5/native.cpp: the T5 step, its encoder and products
-void register_beam(pybind11::module_& m);  // strategies/beam_native.cpp: a beam search step's bookkeeping
+void register_search(pybind11::module_& m);  // strategies/native_search.cpp: beam and greedy search steps' bookkeeping
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_t5(m);
-  register_beam(m);
+  register_search(m);
 }

@@ -1,5 +1,5 @@
-"""The compiled extension: the native T5 step (``steps/t5/native.cpp``) and the native beam search bookkeeping
-(``strategies/beam_native.cpp``), one module built at first use.
+"""The compiled extension: the native T5 step (``steps/t5/native.cpp``) and the beam and greedy searches' native
+bookkeeping (``strategies/native_search.cpp``), one module built at first use.
 
 - **Built at first use.** ``torch.utils.cpp_extension.load`` compiles the sources once (about 35-60 s) into a
   cache keyed by the sources, torch, Python, the compiler flags and the CPU (the code is built for the CPU it runs
@@ -26,7 +26,7 @@ import torch
 LOG = logging.getLogger("beamsearch")
 HERE = Path(__file__).parent
 MODULE_SOURCE = HERE / "extension.cpp"  # the module: registers what the other sources define
-COMPILED = (MODULE_SOURCE, HERE / "steps" / "t5" / "native.cpp", HERE / "strategies" / "beam_native.cpp")
+COMPILED = (MODULE_SOURCE, HERE / "steps" / "t5" / "native.cpp", HERE / "strategies" / "native_search.cpp")
 SOURCES = (*COMPILED, HERE / "steps" / "t5" / "native_kernels.h")  # what a build reads: its key hashes them all
 ENVIRONMENT = "BEAMSEARCH_NATIVE"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd")
@@ -60,8 +60,9 @@ def extension() -> Any:
             errors = [line.strip() for line in lines if "error" in line.lower()]  # the compiler's, past the command
             _FAILURE.append((errors[1:] or errors or lines or [type(error).__name__])[0][:300])
             _MODULE.append(None)
-            warnings.warn(f"beamsearch: the native T5 step is not available ({_FAILURE[0]}); the eager fast step "
-                          f"runs instead (set {ENVIRONMENT}=0 to skip the build)", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"beamsearch: the native extension (the T5 step, the search bookkeeping) is not available "
+                          f"({_FAILURE[0]}); the eager fast step and the Python search run instead (set "
+                          f"{ENVIRONMENT}=0 to skip the build)", RuntimeWarning, stacklevel=3)
     return _MODULE[0]
 
 

@@ -24,7 +24,7 @@ from ..scoring import hf_length_normalised
 from ..selection import top_totals
 from ..stopping import classify_stop
 from .base import MASK, StepTrace
-from .beam_native import native_beam_reason, native_beam_update
+from .native_search import native_beam_reason, native_beam_update
 from .pool import Hypotheses, PoolSearch, first_live
 from .score_checks import check_enough_hypotheses, sample
 
@@ -78,7 +78,7 @@ class BeamSearch(PoolSearch):
         self.keep_alignments = output_alignments
         # finished examples leave the batch (only when that is exact: see compaction.removal_is_exact)
         self.active = ActiveExamples(b, device) if remove_finished else None
-        self.native: bool | None = None  # the bookkeeping in one C++ call (beam_native.py), decided at the first step
+        self.native: bool | None = None  # the bookkeeping in one C++ call (native_search.py), decided at the first step
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None,
                 owned: bool = False) -> torch.Tensor | None:

@@ -19,6 +19,7 @@ from ..results import FinishReason, SearchResult
 from ..scoring import hf_length_normalised
 from ..stopping import classify_stop
 from .base import StepTrace
+from .native_search import native_greedy_reason, native_greedy_update
 from .pool import Hypotheses, PoolSearch
 from .score_checks import sample
 
@@ -58,6 +59,7 @@ class SamplingSearch(PoolSearch):
         removal = remove_finished and not do_sample
         self.keep_alignments = output_alignments  # the field "alignments" [B, K, G, S], added at the first step
         self.active = ActiveExamples(b, device) if removal else None
+        self.native: bool | None = None  # greedy's bookkeeping in one C++ call (native_search.py), decided at the first step
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> None:
         """One step: process, pick a token per row, pad finished rows, update stopping state."""
@@ -69,6 +71,10 @@ class SamplingSearch(PoolSearch):
         self.trace.record(scores, logits)
         position = self.length - self.prompt_length
         self.watch.start(position, logits, scores, None if self.active is None else self.active.ids)
+        if self.native is None:
+            self.native = native_greedy_reason(self) is None
+        if self.native:
+            return self._leave(native_greedy_update(self, scores))
         if self.do_sample:
             next_tokens, invalid = sample(torch.softmax(scores, dim=-1), 1)  # [N, 1], [N]: rows with no distribution
             next_tokens = next_tokens.squeeze(1)  # [N]
@@ -108,8 +114,11 @@ class SamplingSearch(PoolSearch):
 
     def _remove_done(self) -> torch.Tensor | None:
         """Drop the examples whose rows all finished (the step's one host sync); their rows' results are final."""
+        return self._leave(self.watch.read(~self.live.running.any(dim=1)))  # [B']
+
+    def _leave(self, done: list) -> torch.Tensor | None:
+        """Act on whether each example is done (host booleans): end the search, or drop those examples."""
         k = self.rows_per_example
-        done = self.watch.read(~self.live.running.any(dim=1))  # [B']
         self._done = self._done or all(done)
         if self._done or not any(done):
             return None

@@ -1,4 +1,6 @@
-// One beam search step's bookkeeping in one call (beam_native.py says when it runs): from the step's C candidates
+// The search strategies' per-step bookkeeping in one call each (native_search.py says when they run).
+//
+// Beam search (beam_update): from the step's C candidates
 // per example (their totals and positions in [K*V], chosen by the caller as transformers chooses them), the
 // candidates' hypotheses, the stopping verdicts (the length limit and the end tokens), the finished pool's merge,
 // the next live beams, whether each example can still improve, and the parent row of each new beam. The same
@@ -11,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -205,6 +208,71 @@ std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at:
   return out;
 }
 
+// Greedy search (greedy_update), in place on its rows [B, K, ...]: each row's argmax (at::max, as the Python step,
+// so that ties and NaN pick the same token), pad tokens after a row's end, the token's log-prob from at::log_softmax
+// (-inf where every token is masked), the stopping verdicts (the length limit and the end tokens), lengths and
+// finish reasons. Args: scores [N, V] float (after the processors), tokens [B, K, L] int64, token_log_probs
+// [B, K, G] float, running [B, K] bool, lengths [B, K] int64, reasons [B, K] int64, t, t0, max_length, eos ids, the
+// pad id (-1: a search without end tokens, whose rows all stop together, pads nothing). Returns [done [B] int64 (no
+// row of the example runs), nan [B] bool].
+std::vector<at::Tensor> greedy_update(at::Tensor scores, at::Tensor tokens, at::Tensor log_probs, at::Tensor running,
+                                      at::Tensor lengths, at::Tensor reasons, int64_t t, int64_t t0,
+                                      int64_t max_length, std::vector<int64_t> eos, int64_t pad) {
+  TORCH_CHECK(tokens.is_contiguous() && log_probs.is_contiguous() && running.is_contiguous() &&
+              lengths.is_contiguous() && reasons.is_contiguous(), "greedy_update: rows updated in place, contiguous");
+  TORCH_CHECK(scores.scalar_type() == at::kFloat && log_probs.scalar_type() == at::kFloat &&
+              tokens.scalar_type() == at::kLong && running.scalar_type() == at::kBool &&
+              lengths.scalar_type() == at::kLong && reasons.scalar_type() == at::kLong, "greedy_update: dtypes");
+  const int64_t B = running.size(0), K = running.size(1), N = B * K, L = tokens.size(2), G = log_probs.size(2);
+  const int64_t position = t - t0;
+  TORCH_CHECK(scores.dim() == 2 && scores.size(0) == N && t < L && position >= 0 && position < G,
+              "greedy_update: shapes");
+  auto best = at::max(scores, -1);
+  const at::Tensor top = std::get<0>(best).contiguous(), chosen = std::get<1>(best).contiguous();
+  const at::Tensor all_log_probs = at::log_softmax(scores, -1).contiguous();
+  const int64_t V = scores.size(1);
+  const float* tp = top.data_ptr<float>();
+  const int64_t* cp = chosen.data_ptr<int64_t>();
+  const float* lp = all_log_probs.data_ptr<float>();
+  int64_t* tok = tokens.data_ptr<int64_t>();
+  float* tlp = log_probs.data_ptr<float>();
+  bool* run = running.data_ptr<bool>();
+  int64_t* len = lengths.data_ptr<int64_t>();
+  int64_t* why = reasons.data_ptr<int64_t>();
+  const bool at_limit = t + 1 >= max_length;
+  at::Tensor done = at::empty({B}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor nan = at::zeros({B}, at::TensorOptions().dtype(at::kBool));
+  int64_t* dp = done.data_ptr<int64_t>();
+  bool* np = nan.data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b) {
+    bool any_running = false;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t n = b * K + k;
+      const bool was_running = run[n];
+      const int64_t token = (pad < 0 || was_running) ? cp[n] : pad;
+      TORCH_CHECK(token >= 0 && token < V, "greedy_update: the pad id is outside the vocabulary");
+      float log_prob = lp[n * V + token];
+      if (tp[n] == -std::numeric_limits<float>::infinity()) log_prob = -std::numeric_limits<float>::infinity();
+      log_prob = was_running ? log_prob : 0.f;
+      tlp[n * G + position] = log_prob;
+      if (std::isnan(log_prob)) np[b] = true;
+      tok[n * L + t] = token;
+      len[n] += was_running ? 1 : 0;
+      bool eos_hit = false;
+      for (int64_t e : eos) eos_hit = eos_hit || token == e;
+      const bool stopped = at_limit || eos_hit;
+      if (stopped && was_running) why[n] = eos_hit ? EOS : at_limit ? MAX_LENGTH : STOP_CRITERION;
+      run[n] = was_running && !stopped;
+      any_running = any_running || run[n];
+    }
+    dp[b] = !any_running;
+  }
+  return {done, nan};
+}
+
 }  // namespace
 
-void register_beam(pybind11::module_& m) { m.def("beam_update", &beam_update); }
+void register_search(pybind11::module_& m) {
+  m.def("beam_update", &beam_update);
+  m.def("greedy_update", &greedy_update);
+}

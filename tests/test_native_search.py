@@ -1,7 +1,7 @@
-"""The beam search step's bookkeeping in one C++ call (``strategies/beam_native.py``) against the Python step.
+"""The beam and greedy search steps' bookkeeping in one C++ call (``strategies/native_search.py``) against the Python steps.
 
-The reference is the same search with the native bookkeeping turned off (``BeamSearch`` then runs its Python
-step): the same shapes, the same float32 operations in the same order, so results are compared bit for bit,
+The reference is the same search with the native bookkeeping turned off (``BeamSearch`` and ``SamplingSearch``
+then run their Python steps): the same shapes, the same float32 operations in the same order, so results are compared bit for bit,
 on random searches with ties, masked tokens, several end tokens, every early-stopping mode and length penalties of
 both signs. The Python step itself is checked against transformers by the parity tests (which now run the native
 bookkeeping wherever it applies, so they check it against transformers too).
@@ -18,7 +18,7 @@ from fakes import PrefixModel
 from beamsearch import search
 from beamsearch.errors import SearchError
 from beamsearch.extension import extension_reason
-from beamsearch.strategies import beam, beam_native
+from beamsearch.strategies import beam, native_search, sampling
 
 pytestmark = pytest.mark.skipif(extension_reason() is not None, reason="the native extension is not built here")
 
@@ -36,7 +36,7 @@ class TiedModel(PrefixModel):
 def count_native(monkeypatch) -> list[int]:
     """The number of native bookkeeping calls, one entry per call (its examples)."""
     calls: list[int] = []
-    real = beam_native.native_beam_update
+    real = native_search.native_beam_update
 
     def counted(search_, log_probs, values, positions):
         calls.append(values.shape[0])
@@ -54,6 +54,9 @@ def assert_identical(got, want):
     for field in ("sequences", "sequences_scores", "token_log_probs", "beam_indices", "finish_reason", "lengths",
                   "sum_log_probs"):
         a, b = getattr(got, field), getattr(want, field)
+        if a is None or b is None:  # greedy results have no beam indices
+            assert a is None and b is None, field
+            continue
         assert a.dtype == b.dtype and a.shape == b.shape, field
         assert torch.equal(a, b) or torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), \
             field
@@ -126,14 +129,14 @@ def test_a_nan_is_named_as_in_python(monkeypatch):
     ({"do_sample": True}, "beam sampling"),
     ({"sequence_scorer": lambda tokens, log_probs, lengths: log_probs.sum(dim=-1)}, "a sequence scorer"),
     ({"unique": True}, "unique outputs"),
-    ({"output_scores": True}, "finished examples kept in the batch"),
+    ({"output_scores": True}, "per-step scores"),
     ({"max_time": 100.0}, "a stopping criterion other than"),
     ({"stopping_criteria": [lambda ids, scores: ids[:, -1] == 3]}, "finished examples kept in the batch"),
     ({"trace": True}, "a trace"),
 ])
 def test_what_it_does_not_run_is_left_to_python_with_a_reason(monkeypatch, options, why):
     reasons: list[str | None] = []
-    real = beam_native.native_beam_reason
+    real = native_search.native_beam_reason
 
     def recorded(search_):
         reasons.append(real(search_))
@@ -164,7 +167,8 @@ def test_other_beam_rules_keep_their_own_step(monkeypatch):
 
 
 def test_the_main_job_is_unchanged(monkeypatch):
-    """The embedded model on 64 test words at beam 5 (what `beamsearch decode` runs), both paths bit for bit."""
+    """The embedded model on 64 test words, greedy and at beam 5 (what `beamsearch decode` runs), both paths bit for
+    bit."""
     pytest.importorskip("transformers")
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -177,9 +181,94 @@ def test_the_main_job_is_unchanged(monkeypatch):
     tokenizer = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
     words = [source.lower() for source, _ in read_references(CMUDICT_TEST)[:64]]
     inputs = tokenizer(words, return_tensors="pt", padding=True)
-    calls = count_native(monkeypatch)
-    got = search_model(model, **inputs, num_beams=5, num_return_sequences=3)
-    assert calls
+    calls, greedy = count_native(monkeypatch), count_greedy(monkeypatch)
+    got = [search_model(model, **inputs, num_beams=beams) for beams in (1, 5)]
+    assert calls and greedy
     monkeypatch.undo()
     python_step(monkeypatch)
-    assert_identical(got, search_model(model, **inputs, num_beams=5, num_return_sequences=3))
+    python_greedy(monkeypatch)
+    for beams, result in zip((1, 5), got):
+        assert_identical(result, search_model(model, **inputs, num_beams=beams))
+
+
+# ---------------------------------------------------------------------------------------------------- greedy search
+
+
+def count_greedy(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = native_search.native_greedy_update
+
+    def counted(search_, scores):
+        calls.append(scores.shape[0])
+        return real(search_, scores)
+
+    monkeypatch.setattr(sampling, "native_greedy_update", counted)
+    return calls
+
+
+def python_greedy(monkeypatch):
+    monkeypatch.setattr(sampling, "native_greedy_reason", lambda search_: "turned off by the test")
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_native_greedy_equals_the_python_step_bit_for_bit(monkeypatch, seed):
+    model, input_ids, options = random_case(seed)
+    options.update(num_beams=1, num_return_sequences=1)
+    for name in ("early_stopping", "length_penalty"):
+        options.pop(name)
+    if seed % 3 == 0:  # a pad token that is also the end token, as many decoder-only models have it
+        options["pad_token_id"] = options.get("eos_token_id", [0])[0]
+    calls = count_greedy(monkeypatch)
+    got = search(model, input_ids, **options)
+    assert calls, "the native bookkeeping did not run"
+    monkeypatch.undo()
+    python_greedy(monkeypatch)
+    calls = count_greedy(monkeypatch)
+    want = search(model, input_ids, **options)
+    assert not calls
+    assert_identical(got, want)
+
+
+def test_greedy_rows_with_every_token_masked_and_nan(monkeypatch):
+    """A row with every token masked takes token 0 at log-prob -inf, as transformers' argmax; a NaN is named."""
+    def masked(tokens, state):
+        logits = torch.zeros(tokens.shape[0], 6)
+        logits[0] = float("-inf")
+        return logits, state
+
+    def with_nan(tokens, state):
+        logits = torch.zeros(tokens.shape[0], 6)
+        if tokens.shape[1] == 2:
+            logits[1, 3] = float("nan")
+        return logits, state
+
+    input_ids = torch.full((2, 1), 2)
+    got = search(masked, input_ids, max_new_tokens=3, eos_token_id=5, pad_token_id=0)
+    with pytest.raises(SearchError) as native_error:
+        search(with_nan, input_ids, max_new_tokens=3, eos_token_id=5, pad_token_id=0)
+    python_greedy(monkeypatch)
+    assert_identical(got, search(masked, input_ids, max_new_tokens=3, eos_token_id=5, pad_token_id=0))
+    with pytest.raises(SearchError) as python_error:
+        search(with_nan, input_ids, max_new_tokens=3, eos_token_id=5, pad_token_id=0)
+    assert str(native_error.value) == str(python_error.value)
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"do_sample": True}, "sampling"),
+    ({"output_scores": True}, "per-step scores"),
+    ({"max_time": 100.0}, "a stopping criterion other than"),
+    ({"stopping_criteria": [lambda ids, scores: ids[:, -1] == 3]}, "finished examples kept in the batch"),
+])
+def test_what_greedy_does_not_run_natively_is_named(monkeypatch, options, why):
+    reasons: list[str | None] = []
+    real = native_search.native_greedy_reason
+
+    def recorded(search_):
+        reasons.append(real(search_))
+        return reasons[-1]
+
+    monkeypatch.setattr(sampling, "native_greedy_reason", recorded)
+    calls = count_greedy(monkeypatch)
+    search(TiedModel(9, seed=2), torch.full((2, 1), 3), max_new_tokens=4, eos_token_id=1, pad_token_id=0, **options)
+    assert not calls
+    assert reasons and why in reasons[0], reasons
