@@ -1,10 +1,11 @@
-"""The beam and greedy search steps' bookkeeping in one C++ call (``strategies/native_search.py``) against the Python steps.
+"""The beam and greedy search steps' bookkeeping in one C++ call (``strategies/native_search.py``) against the
+Python steps.
 
 The reference is the same search with the native bookkeeping turned off (``BeamSearch`` and ``SamplingSearch``
-then run their Python steps): the same shapes, the same float32 operations in the same order, so results are compared bit for bit,
-on random searches with ties, masked tokens, several end tokens, every early-stopping mode and length penalties of
-both signs. The Python step itself is checked against transformers by the parity tests (which now run the native
-bookkeeping wherever it applies, so they check it against transformers too).
+then run their Python steps): the same shapes, the same float32 operations in the same order, so results are
+compared bit for bit, on random searches with ties, masked tokens, several end tokens, every early-stopping mode and
+length penalties of both signs. The Python steps are checked against transformers by the parity tests, which now run
+the native bookkeeping wherever it applies, so they check it against transformers too.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def test_the_main_job_is_unchanged(monkeypatch):
     monkeypatch.undo()
     python_step(monkeypatch)
     python_greedy(monkeypatch)
-    for beams, result in zip((1, 5), got):
+    for beams, result in zip((1, 5), got, strict=True):
         assert_identical(result, search_model(model, **inputs, num_beams=beams))
 
 

@@ -110,8 +110,8 @@ def native_beam_update(search: Any, log_probs: torch.Tensor, values: torch.Tenso
         search.can_improve[:, 0], search.example_ids, search.length, search.prompt_length, search.max_length,
         list(search.eos_token_id or ()), float(search.length_penalty), EARLY_STOPPING[search.early_stopping])
     t0 = search.prompt_length
-    search.live = Hypotheses(t0, **dict(zip(LIVE, out[:4])))
-    search.finished = Hypotheses(t0, **dict(zip(FINISHED, out[4:10])))
+    search.live = Hypotheses(t0, **dict(zip(LIVE, out[:4], strict=True)))
+    search.finished = Hypotheses(t0, **dict(zip(FINISHED, out[4:10], strict=True)))
     search.can_improve = out[10][:, None]
     search.length += 1
     rows, flags, nan = out[11], out[12], out[13]

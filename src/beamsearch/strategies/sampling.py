@@ -59,7 +59,7 @@ class SamplingSearch(PoolSearch):
         removal = remove_finished and not do_sample
         self.keep_alignments = output_alignments  # the field "alignments" [B, K, G, S], added at the first step
         self.active = ActiveExamples(b, device) if removal else None
-        self.native: bool | None = None  # greedy's bookkeeping in one C++ call (native_search.py), decided at the first step
+        self.native: bool | None = None  # the bookkeeping in one C++ call (native_search.py), decided at the first step
 
     def advance(self, logits: torch.Tensor, attention: torch.Tensor | None = None, owned: bool = False) -> None:
         """One step: process, pick a token per row, pad finished rows, update stopping state."""
