@@ -184,3 +184,22 @@ def test_hf_adapter_applies_the_preset_only_to_unset_options():
 def test_toolkit_options_are_never_silently_ignored(options, message):
     with pytest.raises(ValueError, match=message):
         SearchOptions.create(num_beams=options.pop("num_beams", 3), eos_token_id=0, **options)
+
+
+def test_steps_before_the_earliest_limit_are_free_and_change_nothing():
+    """Before any row's limit the processor returns the scores as they are (no [N, V] work); from the earliest
+    limit on, rows at their limit get only EOS, the others stay; the bound survives rows leaving the batch."""
+    from beamsearch.processors.limits import SourceTiedMaxLength
+
+    limit = SourceTiedMaxLength(1.0, 1, torch.tensor([2, 4, 3]), prompt_length=1, eos_token_id=0)
+    assert limit.earliest == 3
+    scores = torch.randn(3, 5)
+    for generated in range(3):
+        assert limit(torch.zeros(3, 1 + generated, dtype=torch.long), scores) is scores
+    out = limit(torch.zeros(3, 1 + 3, dtype=torch.long), scores)  # limits 3, 5, 4: row 0 is at its limit
+    assert out[0, 0] == scores[0, 0] and torch.isinf(out[0, 1:]).all()
+    assert torch.equal(out[1:], scores[1:])
+    kept = limit.select_rows(torch.tensor([1, 2]))
+    assert kept.earliest == 3 and kept(torch.zeros(2, 1 + 3, dtype=torch.long), scores[1:]).equal(scores[1:])
+    out = kept(torch.zeros(2, 1 + 4, dtype=torch.long), scores[1:])
+    assert torch.equal(out[0], scores[1]) and out[1, 0] == scores[2, 0] and torch.isinf(out[1, 1:]).all()

@@ -27,17 +27,23 @@ class SourceTiedMaxLength:
         self.limits = torch.floor(a * source_lengths.double() + b).long()  # [N]
         self.prompt_length = prompt_length
         self.eos_token_id = eos_token_id
+        # no row is at its limit before this many generated tokens: the steps before it change nothing (a bound read
+        # once here, so that those steps cost no host read; rows leaving the batch only raise the true minimum)
+        self.earliest = int(self.limits.min()) if self.limits.numel() else 0
 
     def select_rows(self, index: torch.Tensor) -> SourceTiedMaxLength:
         """This limit for the rows ``index`` only (finished examples removed)."""
         kept = SourceTiedMaxLength.__new__(SourceTiedMaxLength)
         kept.limits = self.limits.index_select(0, index.to(self.limits.device))
-        kept.prompt_length, kept.eos_token_id = self.prompt_length, self.eos_token_id
+        kept.prompt_length, kept.eos_token_id, kept.earliest = self.prompt_length, self.eos_token_id, self.earliest
         return kept
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Args: input_ids ``[N, t]``, scores ``[N, V]``. Returns: scores ``[N, V]``."""
-        at_limit = (input_ids.shape[1] - self.prompt_length) >= self.limits.to(scores.device)  # [N]
+        generated = input_ids.shape[1] - self.prompt_length
+        if generated < self.earliest:
+            return scores
+        at_limit = generated >= self.limits.to(scores.device)  # [N]
         only_eos = torch.full_like(scores, -float("inf"))
         only_eos[:, self.eos_token_id] = 0.0
         return torch.where(at_limit[:, None], scores + only_eos, scores)

@@ -16,6 +16,7 @@ constexpr float MASKED = -1e30f;   // a masked score: finite, so that a fully ma
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));  // aligned(4): loads may be unaligned
 typedef int32_t i16 __attribute__((vector_size(64), aligned(4)));
+typedef int8_t c16 __attribute__((vector_size(16), aligned(1)));  // 16 int8 lanes (a quantized block)
 inline v16 load16(const float* p) { return *(const v16*)p; }
 inline void store16(float* p, v16 v) { *(v16*)p = v; }
 inline v16 splat(float x) { return v16{} + x; }
@@ -189,8 +190,7 @@ void product(at::Tensor& out, const at::Tensor& in, const Product& p, bool accum
     const v16 vi = splat(inverse), vr = splat(ROUND);
     for (int64_t k = 0; k < K16; k += BLK) {
       const v16 rounded = (load16(xr + k) * vi + vr) - vr;  // in [-127, 127]: |x| <= most
-      const i16 whole = __builtin_convertvector(rounded, i16);
-      for (int i = 0; i < 16; ++i) qr[k + i] = (int8_t)whole[i];
+      *(c16*)(qr + k) = __builtin_convertvector(__builtin_convertvector(rounded, i16), c16);  // one narrowing store
     }
     for (int64_t k = K16; k < K; ++k) qr[k] = (int8_t)((xr[k] * inverse + ROUND) - ROUND);
     row_scale[r] = scale;
