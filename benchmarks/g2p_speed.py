@@ -7,7 +7,10 @@ Decodes the first ``--words`` test words (lowercased, as the CLI feeds the embed
 - ``hf``: transformers' ``generate`` (which ignores the model's ``loop_guard`` and source-tied length limit);
 - ``ours``: beamsearch's default (the fast T5 step: packed weights, fused products, its own attention, equal to
   float rounding; native: one C++ call per step and per encoder batch, ``steps/t5/native.py``);
-- ``ours-eager``: the eager fast step (the same with ``BEAMSEARCH_NATIVE=0``: about 270 PyTorch calls per step);
+- ``ours-pysearch``: the same native step with the search's bookkeeping in Python (``BEAMSEARCH_NATIVE_SEARCH=0``;
+  ``ours`` runs it in one C++ call per step, ``strategies/native_search.py``);
+- ``ours-eager``: the eager fast step and the Python search (``BEAMSEARCH_NATIVE=0``: about 270 PyTorch calls per
+  step);
 - ``ours-lean``: ``lean_step=True`` (the lean T5 step: the model's own kernels, logits equal to transformers');
 - ``ours-int8``: ours on ``quantize_int8(model)`` with the fast step (``lean_step="fast"``, what the CLI's
   ``--int8`` runs: the folded weights requantized per output row; native: each product's input quantized once per
@@ -46,7 +49,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 G2P_DIR = ROOT / "src" / "beamsearch" / "models" / "g2p_cmudict"
 WORDS = ROOT / "src" / "beamsearch" / "data" / "cmudict" / "test.tsv"
-ENGINES = ("ours", "ours-eager", "ours-lean", "ours-int8", "ours-int8-eager", "ct2-fp32", "ct2-int8", "hf")
+ENGINES = ("ours", "ours-pysearch", "ours-eager", "ours-lean", "ours-int8", "ours-int8-eager", "ct2-fp32", "ct2-int8",
+           "hf")
 TARGETS = {"ours": 1.0, "ours-int8": 1.25}  # time over CTranslate2's at the same precision (issue 29)
 AGREEMENT = 0.99  # the share of words whose best output equals CTranslate2's (issue 29)
 
@@ -55,14 +59,18 @@ def precision(engine: str) -> str:
     return "int8" if engine.endswith("int8") else "fp32"
 
 
-def ours_engine(model, tokenizer, batches: list[list[str]], beams: int, native: bool = True, **options):
-    """beamsearch on the batches; ``native=False``: with ``BEAMSEARCH_NATIVE=0`` (the eager fast step)."""
+def ours_engine(model, tokenizer, batches: list[list[str]], beams: int, native: bool = True,
+                native_search: bool = True, **options):
+    """beamsearch on the batches; ``native=False``: with ``BEAMSEARCH_NATIVE=0`` (the eager fast step and the Python
+    search); ``native_search=False``: with ``BEAMSEARCH_NATIVE_SEARCH=0`` (the native step, the Python search)."""
     from beamsearch.adapters.hf import search_model
 
+    switched = {name: "0" for name, on in (("BEAMSEARCH_NATIVE", native), ("BEAMSEARCH_NATIVE_SEARCH", native_search))
+                if not on}
+
     def run() -> list[list[str]]:
-        before = os.environ.get("BEAMSEARCH_NATIVE")
-        if not native:
-            os.environ["BEAMSEARCH_NATIVE"] = "0"
+        before = {name: os.environ.get(name) for name in switched}
+        os.environ.update(switched)
         try:
             outputs = []
             for words in batches:
@@ -70,10 +78,11 @@ def ours_engine(model, tokenizer, batches: list[list[str]], beams: int, native: 
                 result = search_model(model, **inputs, num_beams=beams, **options)
                 outputs += [tokenizer.decode(row[0], skip_special_tokens=True).split() for row in result.sequences]
         finally:
-            if before is None:
-                os.environ.pop("BEAMSEARCH_NATIVE", None)
-            else:
-                os.environ["BEAMSEARCH_NATIVE"] = before
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         return outputs
 
     return run
@@ -204,7 +213,8 @@ def main(argv=None) -> None:
                 return hf_engine(model, tokenizer, batches, beams)
             if name.startswith("ct2"):
                 return ct2_engine(translators[name], tokenizer, batches, beams, max_new_tokens)
-            step = {"ours": {}, "ours-eager": {"native": False}, "ours-lean": {"lean_step": True},
+            step = {"ours": {}, "ours-pysearch": {"native_search": False}, "ours-eager": {"native": False},
+                    "ours-lean": {"lean_step": True},
                     "ours-int8": {"lean_step": "fast"}, "ours-int8-eager": {"lean_step": "fast", "native": False}}[name]
             return ours_engine(quantized if "int8" in name else model, tokenizer, batches, beams, **step)
 

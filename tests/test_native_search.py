@@ -151,11 +151,17 @@ def test_what_it_does_not_run_is_left_to_python_with_a_reason(monkeypatch, optio
     assert reasons and why in reasons[0], reasons
 
 
-def test_the_environment_turns_it_off(monkeypatch):
-    monkeypatch.setenv("BEAMSEARCH_NATIVE", "0")
-    calls = count_native(monkeypatch)
-    search(TiedModel(9, seed=2), torch.full((2, 1), 3), num_beams=3, max_new_tokens=4, eos_token_id=1)
-    assert not calls
+@pytest.mark.parametrize("variable", ["BEAMSEARCH_NATIVE", "BEAMSEARCH_NATIVE_SEARCH"])
+def test_the_environment_turns_it_off(monkeypatch, variable):
+    monkeypatch.setenv(variable, "0")
+    calls, greedy = count_native(monkeypatch), count_greedy(monkeypatch)
+    for beams in (1, 3):
+        search(TiedModel(9, seed=2), torch.full((2, 1), 3), num_beams=beams, max_new_tokens=4, eos_token_id=1)
+    assert not calls and not greedy
+    monkeypatch.delenv(variable)
+    for beams in (1, 3):
+        search(TiedModel(9, seed=2), torch.full((2, 1), 3), num_beams=beams, max_new_tokens=4, eos_token_id=1)
+    assert calls and greedy
 
 
 def test_other_beam_rules_keep_their_own_step(monkeypatch):

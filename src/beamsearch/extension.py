@@ -6,7 +6,8 @@ bookkeeping (``strategies/native_search.cpp``), one module built at first use.
   on, ``-march=native``, so a binary is never loaded on another CPU or torch): ``$BEAMSEARCH_NATIVE_CACHE``, else
   ``$XDG_CACHE_HOME/beamsearch/native``, else ``~/.cache/beamsearch/native``. Later processes load it in a fraction
   of a second. Where no compiler is available or the build fails, one warning says so and the eager paths run.
-- **Turned off** by ``BEAMSEARCH_NATIVE=0`` (then the eager fast step and the Python beam search run).
+- **Turned off** by ``BEAMSEARCH_NATIVE=0`` (then the eager fast step and the Python search run);
+  ``BEAMSEARCH_NATIVE_SEARCH=0`` turns off only the search's bookkeeping (the Python search, the native T5 step).
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ _MODULE: list[Any] = []  # [module] once built or loaded, [None] once it failed
 _FAILURE: list[str] = []  # why it failed
 
 
-def native_disabled() -> bool:
-    """Whether ``BEAMSEARCH_NATIVE`` turns the native paths off (``0``, ``false``, ``no``, ``off``)."""
-    return os.environ.get(ENVIRONMENT, "").strip().lower() in _OFF
+def native_disabled(variable: str = ENVIRONMENT) -> bool:
+    """Whether ``BEAMSEARCH_NATIVE`` (or another switch, ``variable``) turns the native paths off (``0``, ``false``,
+    ``no``, ``off``)."""
+    return os.environ.get(variable, "").strip().lower() in _OFF
 
 
-def disabled_reason() -> str:
-    return f"{ENVIRONMENT}={os.environ[ENVIRONMENT]} turns it off"
+def disabled_reason(variable: str = ENVIRONMENT) -> str:
+    return f"{variable}={os.environ[variable]} turns it off"
 
 
 def extension_reason() -> str | None:

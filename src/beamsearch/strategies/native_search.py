@@ -14,7 +14,8 @@ They run when the search is transformers' beam search (not sampling, not a subcl
 OpenNMT's), ranking the pool by ``sum / length ** length_penalty`` (no ``sequence_scorer``, no ``unique``), or greedy
 search; keeps no alignments, records no trace or per-step scores, streams nothing, removes finished examples, stops
 only at the length limit and the end tokens (no ``max_time``, stop strings or criteria of the caller's), runs on the
-CPU, and the native extension is built (:mod:`beamsearch.extension`; ``BEAMSEARCH_NATIVE=0`` turns it off).
+CPU, and the native extension is built (:mod:`beamsearch.extension`; ``BEAMSEARCH_NATIVE=0`` turns it off,
+``BEAMSEARCH_NATIVE_SEARCH=0`` only this).
 Otherwise the Python step runs.
 
 Legend: B active examples, K beams (rows per example), C candidates per example, N = B*K, V vocabulary.
@@ -26,12 +27,13 @@ from typing import Any
 
 import torch
 
-from ..extension import extension, native_disabled
+from ..extension import disabled_reason, extension, native_disabled
 from ..stopping import EosTokenCriteria, MaxLengthCriteria
 from .pool import Hypotheses
 
 LIVE = ("tokens", "scores", "token_log_probs", "beam_indices")
 FINISHED = (*LIVE, "finished", "reasons")
+SWITCH = "BEAMSEARCH_NATIVE_SEARCH"  # =0: the Python steps (the native T5 step still runs)
 GREEDY = ("tokens", "token_log_probs", "running", "lengths", "reasons")
 EARLY_STOPPING = {False: 0, True: 1, "never": 2}
 
@@ -61,8 +63,9 @@ def native_greedy_reason(search: Any) -> str | None:
 
 
 def _common_reason(search: Any) -> str | None:
-    if native_disabled():
-        return "BEAMSEARCH_NATIVE turns it off"
+    for variable in ("BEAMSEARCH_NATIVE", SWITCH):
+        if native_disabled(variable):
+            return disabled_reason(variable)
     if search.keep_alignments:
         return "alignments"
     if search.recorder is not None or search.watch.rider is not None or search.trace.scores is not None \
