@@ -238,8 +238,12 @@ struct T5Decode {
             for (int64_t h = 0; h < H; ++h) weights[h * m + j] = dot(qn + h * d, k + h * d, d) + bs[h * T + (t - j)];
           }
           for (int64_t h = 0; h < H; ++h) softmax_blocks(weights.data() + h * m, m);
-          weighted_rows(weights.data(), m, [&](int64_t j) { return layer[j] + c[j] * 3 * I + 2 * I; }, t + 1,
-                        ap + n * I, I, d);
+          float* out = ap + n * I;
+          std::fill(out, out + I, 0.f);
+          for (int64_t j = 0; j <= t; ++j) {
+            const float* v = layer[j] + c[j] * 3 * I + 2 * I;
+            for (int64_t h = 0; h < H; ++h) axpy(weights[h * m + j], v + h * d, out + h * d, d);
+          }
         }
       });
       product(X, A, w->self_out[l], true);
@@ -265,14 +269,14 @@ struct T5Decode {
     const float* values = cross_values.data_ptr<float>() + l * B * S * I;
     float* op = out.data_ptr<float>();
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> w_(H * Sp);  // [H, Sp]: each head's weights over the source positions
+      std::vector<float> w_(Sp);
+      float* wt = w_.data();
       for (int64_t n = begin; n < end; ++n) {
         const int64_t b = example[n];
         const float* qn = q + n * I;
         for (int64_t h = 0; h < H; ++h) {
           const float* kt = keys + ((b * H + h) * d) * Sp;
           const float* qh = qn + h * d;
-          float* wt = w_.data() + h * Sp;
           for (int64_t j = 0; j < Sp; j += BLK) {
             v16 a0 = load16(cross_mask.data() + b * Sp + j), a1 = {}, a2 = {}, a3 = {};  // 4 chains: FMA latency
             int64_t i = 0;
@@ -286,9 +290,10 @@ struct T5Decode {
             store16(wt + j, (a0 + a1) + (a2 + a3));
           }
           softmax_blocks(wt, Sp);
+          float* o = op + n * I + h * d;
+          std::fill(o, o + d, 0.f);
+          for (int64_t j = 0; j < S; ++j) axpy(wt[j], values + (b * S + j) * I + h * d, o, d);
         }
-        const float* vb = values + b * S * I;
-        weighted_rows(w_.data(), Sp, [&](int64_t j) { return vb + j * I; }, S, op + n * I, I, d);
       }
     });
   }

@@ -59,44 +59,6 @@ inline void axpy(float w, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += w * x[i];
 }
 
-// Attention's weighted sums of values, every head at once: out[0..I) = sum over j < n of w[h][j] * row(j)[0..I),
-// j ascending, h = i / d the head of element i; w [H, m] (row stride m), row(j) a pointer to I values. Where d is a
-// multiple of 16 the sums stay in registers, up to 8 vectors of 16 (several heads) at a time: independent FMA chains
-// instead of one per head, the same operations in the same order per element as axpy into a zeroed out.
-template <int NB, typename Row>
-inline void weighted_rows_fixed(const float* w, int64_t m, Row row, int64_t n, float* out, int64_t first, int64_t d) {
-  v16 acc[NB] = {};
-  const float* weight[NB];
-  for (int b = 0; b < NB; ++b) weight[b] = w + ((first + b * BLK) / d) * m;
-  for (int64_t j = 0; j < n; ++j) {
-    const float* x = row(j) + first;
-    for (int b = 0; b < NB; ++b) acc[b] += weight[b][j] * load16(x + b * BLK);
-  }
-  for (int b = 0; b < NB; ++b) store16(out + first + b * BLK, acc[b]);
-}
-
-template <typename Row>
-inline void weighted_rows(const float* w, int64_t m, Row row, int64_t n, float* out, int64_t I, int64_t d) {
-  if (d % BLK != 0) {
-    std::fill(out, out + I, 0.f);
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t h = 0; h < I / d; ++h) axpy(w[h * m + j], row(j) + h * d, out + h * d, d);
-    return;
-  }
-  for (int64_t first = 0; first < I; first += 8 * BLK) {
-    switch (std::min<int64_t>(8, (I - first) / BLK)) {
-      case 8: weighted_rows_fixed<8>(w, m, row, n, out, first, d); break;
-      case 7: weighted_rows_fixed<7>(w, m, row, n, out, first, d); break;
-      case 6: weighted_rows_fixed<6>(w, m, row, n, out, first, d); break;
-      case 5: weighted_rows_fixed<5>(w, m, row, n, out, first, d); break;
-      case 4: weighted_rows_fixed<4>(w, m, row, n, out, first, d); break;
-      case 3: weighted_rows_fixed<3>(w, m, row, n, out, first, d); break;
-      case 2: weighted_rows_fixed<2>(w, m, row, n, out, first, d); break;
-      default: weighted_rows_fixed<1>(w, m, row, n, out, first, d);
-    }
-  }
-}
-
 // w[0..m) <- softmax(w[0..m)), m a multiple of BLK (the tail holds MASKED scores)
 inline void softmax_blocks(float* w, int64_t m) {
   v16 top16 = splat(MASKED);
