@@ -34,21 +34,39 @@ class TiedModel(PrefixModel):
             self.table[:, vocab_size - masked:] = float("-inf")
 
 
-def count_native(monkeypatch) -> list[int]:
-    """The number of native bookkeeping calls, one entry per call (its examples)."""
-    calls: list[int] = []
-    real = native_search.native_beam_update
+def count_calls(monkeypatch) -> dict[str, list[int]]:
+    """The native bookkeeping calls of beam search ("beam") and greedy search ("greedy"), one entry per call: the
+    rows of its last argument (beam: the examples; greedy: the rows)."""
+    calls: dict[str, list[int]] = {"beam": [], "greedy": []}
+    for module, name, kind in ((beam, "native_beam_update", "beam"), (sampling, "native_greedy_update", "greedy")):
+        real = getattr(native_search, name)
 
-    def counted(search_, log_probs, values, positions):
-        calls.append(values.shape[0])
-        return real(search_, log_probs, values, positions)
+        def counted(*args, real=real, kind=kind):
+            calls[kind].append(args[-1].shape[0])
+            return real(*args)
 
-    monkeypatch.setattr(beam, "native_beam_update", counted)
+        monkeypatch.setattr(module, name, counted)
     return calls
 
 
-def python_step(monkeypatch):
+def python_steps(monkeypatch):
     monkeypatch.setattr(beam, "native_beam_reason", lambda search_: "turned off by the test")
+    monkeypatch.setattr(sampling, "native_greedy_reason", lambda search_: "turned off by the test")
+
+
+def both_ways(monkeypatch, run, kind: str):
+    """``run()`` with the native bookkeeping (checked to run), then with the Python steps: both results, and the
+    native calls of ``kind`` ("beam" or "greedy")."""
+    calls = count_calls(monkeypatch)
+    native = run()
+    assert calls[kind], "the native bookkeeping did not run"
+    monkeypatch.undo()
+    python_steps(monkeypatch)
+    python_calls = count_calls(monkeypatch)
+    python = run()
+    assert not python_calls[kind]
+    monkeypatch.undo()
+    return native, python, calls[kind]
 
 
 def assert_identical(got, want):
@@ -86,14 +104,7 @@ def random_case(seed: int) -> tuple[PrefixModel, torch.Tensor, dict]:
 @pytest.mark.parametrize("seed", range(60))
 def test_native_bookkeeping_equals_the_python_step_bit_for_bit(monkeypatch, seed):
     model, input_ids, options = random_case(seed)
-    calls = count_native(monkeypatch)
-    got = search(model, input_ids, **options)
-    assert calls, "the native bookkeeping did not run"
-    monkeypatch.undo()
-    python_step(monkeypatch)
-    calls = count_native(monkeypatch)
-    want = search(model, input_ids, **options)
-    assert not calls
+    got, want, _ = both_ways(monkeypatch, lambda: search(model, input_ids, **options), "beam")
     assert_identical(got, want)
 
 
@@ -102,12 +113,9 @@ def test_finished_examples_leave_the_batch_as_in_python(monkeypatch):
     model = TiedModel(12, seed=3)
     input_ids = torch.randint(3, 12, (8, 2), generator=torch.Generator().manual_seed(1))
     options = dict(num_beams=4, num_return_sequences=2, max_new_tokens=12, eos_token_id=[1, 2], pad_token_id=0)
-    calls = count_native(monkeypatch)
-    got = search(model, input_ids, **options)
+    got, want, calls = both_ways(monkeypatch, lambda: search(model, input_ids, **options), "beam")
     assert calls[0] == 8 and calls[-1] < 8, calls  # examples left the batch
-    monkeypatch.undo()
-    python_step(monkeypatch)
-    assert_identical(got, search(model, input_ids, **options))
+    assert_identical(got, want)
 
 
 def test_a_nan_is_named_as_in_python(monkeypatch):
@@ -120,57 +128,63 @@ def test_a_nan_is_named_as_in_python(monkeypatch):
     input_ids = torch.ones(2, 1, dtype=torch.long)
     with pytest.raises(SearchError) as native_error:
         search(step, input_ids, num_beams=2, max_new_tokens=4, eos_token_id=4)
-    python_step(monkeypatch)
+    python_steps(monkeypatch)
     with pytest.raises(SearchError) as python_error:
         search(step, input_ids, num_beams=2, max_new_tokens=4, eos_token_id=4)
     assert str(native_error.value) == str(python_error.value)
 
 
-@pytest.mark.parametrize("options, why", [
-    ({"do_sample": True}, "beam sampling"),
-    ({"sequence_scorer": lambda tokens, log_probs, lengths: log_probs.sum(dim=-1)}, "a sequence scorer"),
-    ({"unique": True}, "unique outputs"),
-    ({"output_scores": True}, "per-step scores"),
-    ({"max_time": 100.0}, "a stopping criterion other than"),
-    ({"stopping_criteria": [lambda ids, scores: ids[:, -1] == 3]}, "finished examples kept in the batch"),
-    ({"trace": True}, "a trace"),
+@pytest.mark.parametrize("beams, options, why", [
+    (3, {"do_sample": True}, "beam sampling"),
+    (3, {"sequence_scorer": lambda tokens, log_probs, lengths: log_probs.sum(dim=-1)}, "a sequence scorer"),
+    (3, {"unique": True}, "unique outputs"),
+    (3, {"output_scores": True}, "per-step scores"),
+    (3, {"max_time": 100.0}, "a stopping criterion other than"),
+    (3, {"stopping_criteria": [lambda ids, scores: ids[:, -1] == 3]}, "finished examples kept in the batch"),
+    (3, {"trace": True}, "a trace"),
+    (1, {"do_sample": True}, "sampling"),
+    (1, {"output_scores": True}, "per-step scores"),
+    (1, {"max_time": 100.0}, "a stopping criterion other than"),
+    (1, {"stopping_criteria": [lambda ids, scores: ids[:, -1] == 3]}, "finished examples kept in the batch"),
 ])
-def test_what_it_does_not_run_is_left_to_python_with_a_reason(monkeypatch, options, why):
+def test_what_it_does_not_run_is_left_to_python_with_a_reason(monkeypatch, beams, options, why):
+    module, kind = (beam, "beam") if beams > 1 else (sampling, "greedy")
+    name = f"native_{kind}_reason"
     reasons: list[str | None] = []
-    real = native_search.native_beam_reason
+    real = getattr(native_search, name)
 
     def recorded(search_):
         reasons.append(real(search_))
         return reasons[-1]
 
-    monkeypatch.setattr(beam, "native_beam_reason", recorded)
-    calls = count_native(monkeypatch)
+    monkeypatch.setattr(module, name, recorded)
+    calls = count_calls(monkeypatch)
     model = TiedModel(9, seed=2)
-    search(model, torch.full((2, 1), 3), num_beams=3, max_new_tokens=4, eos_token_id=1, pad_token_id=0, **options)
-    assert not calls
+    search(model, torch.full((2, 1), 3), num_beams=beams, max_new_tokens=4, eos_token_id=1, pad_token_id=0, **options)
+    assert not calls[kind]
     assert reasons and why in reasons[0], reasons
 
 
 @pytest.mark.parametrize("variable", ["BEAMSEARCH_NATIVE", "BEAMSEARCH_NATIVE_SEARCH"])
 def test_the_environment_turns_it_off(monkeypatch, variable):
     monkeypatch.setenv(variable, "0")
-    calls, greedy = count_native(monkeypatch), count_greedy(monkeypatch)
+    calls = count_calls(monkeypatch)
     for beams in (1, 3):
         search(TiedModel(9, seed=2), torch.full((2, 1), 3), num_beams=beams, max_new_tokens=4, eos_token_id=1)
-    assert not calls and not greedy
+    assert not calls["beam"] and not calls["greedy"]
     monkeypatch.delenv(variable)
     for beams in (1, 3):
         search(TiedModel(9, seed=2), torch.full((2, 1), 3), num_beams=beams, max_new_tokens=4, eos_token_id=1)
-    assert calls and greedy
+    assert calls["beam"] and calls["greedy"]
 
 
 def test_other_beam_rules_keep_their_own_step(monkeypatch):
     """CTranslate2's and OpenNMT's beam searches subclass BeamSearch with rules of their own: never native."""
-    calls = count_native(monkeypatch)
+    calls = count_calls(monkeypatch)
     for semantics in ("ct2", "onmt", "t2t"):
         search(TiedModel(9, seed=2), torch.full((2, 1), 3), num_beams=3, max_new_tokens=4, eos_token_id=1,
                semantics=semantics, source_lengths=torch.tensor([5, 6]))
-    assert not calls
+    assert not calls["beam"]
 
 
 def test_the_main_job_is_unchanged(monkeypatch):
@@ -188,33 +202,12 @@ def test_the_main_job_is_unchanged(monkeypatch):
     tokenizer = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
     words = [source.lower() for source, _ in read_references(CMUDICT_TEST)[:64]]
     inputs = tokenizer(words, return_tensors="pt", padding=True)
-    calls, greedy = count_native(monkeypatch), count_greedy(monkeypatch)
-    got = [search_model(model, **inputs, num_beams=beams) for beams in (1, 5)]
-    assert calls and greedy
-    monkeypatch.undo()
-    python_step(monkeypatch)
-    python_greedy(monkeypatch)
-    for beams, result in zip((1, 5), got, strict=True):
-        assert_identical(result, search_model(model, **inputs, num_beams=beams))
+    for beams, kind in ((1, "greedy"), (5, "beam")):
+        got, want, _ = both_ways(monkeypatch, lambda beams=beams: search_model(model, **inputs, num_beams=beams), kind)
+        assert_identical(got, want)
 
 
 # ---------------------------------------------------------------------------------------------------- greedy search
-
-
-def count_greedy(monkeypatch) -> list[int]:
-    calls: list[int] = []
-    real = native_search.native_greedy_update
-
-    def counted(search_, scores):
-        calls.append(scores.shape[0])
-        return real(search_, scores)
-
-    monkeypatch.setattr(sampling, "native_greedy_update", counted)
-    return calls
-
-
-def python_greedy(monkeypatch):
-    monkeypatch.setattr(sampling, "native_greedy_reason", lambda search_: "turned off by the test")
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -225,14 +218,7 @@ def test_native_greedy_equals_the_python_step_bit_for_bit(monkeypatch, seed):
         options.pop(name)
     if seed % 3 == 0:  # a pad token that is also the end token, as many decoder-only models have it
         options["pad_token_id"] = options.get("eos_token_id", [0])[0]
-    calls = count_greedy(monkeypatch)
-    got = search(model, input_ids, **options)
-    assert calls, "the native bookkeeping did not run"
-    monkeypatch.undo()
-    python_greedy(monkeypatch)
-    calls = count_greedy(monkeypatch)
-    want = search(model, input_ids, **options)
-    assert not calls
+    got, want, _ = both_ways(monkeypatch, lambda: search(model, input_ids, **options), "greedy")
     assert_identical(got, want)
 
 
@@ -253,29 +239,8 @@ def test_greedy_rows_with_every_token_masked_and_nan(monkeypatch):
     got = search(masked, input_ids, max_new_tokens=3, eos_token_id=5, pad_token_id=0)
     with pytest.raises(SearchError) as native_error:
         search(with_nan, input_ids, max_new_tokens=3, eos_token_id=5, pad_token_id=0)
-    python_greedy(monkeypatch)
+    python_steps(monkeypatch)
     assert_identical(got, search(masked, input_ids, max_new_tokens=3, eos_token_id=5, pad_token_id=0))
     with pytest.raises(SearchError) as python_error:
         search(with_nan, input_ids, max_new_tokens=3, eos_token_id=5, pad_token_id=0)
     assert str(native_error.value) == str(python_error.value)
-
-
-@pytest.mark.parametrize("options, why", [
-    ({"do_sample": True}, "sampling"),
-    ({"output_scores": True}, "per-step scores"),
-    ({"max_time": 100.0}, "a stopping criterion other than"),
-    ({"stopping_criteria": [lambda ids, scores: ids[:, -1] == 3]}, "finished examples kept in the batch"),
-])
-def test_what_greedy_does_not_run_natively_is_named(monkeypatch, options, why):
-    reasons: list[str | None] = []
-    real = native_search.native_greedy_reason
-
-    def recorded(search_):
-        reasons.append(real(search_))
-        return reasons[-1]
-
-    monkeypatch.setattr(sampling, "native_greedy_reason", recorded)
-    calls = count_greedy(monkeypatch)
-    search(TiedModel(9, seed=2), torch.full((2, 1), 3), max_new_tokens=4, eos_token_id=1, pad_token_id=0, **options)
-    assert not calls
-    assert reasons and why in reasons[0], reasons
