@@ -118,6 +118,21 @@ def test_finished_examples_leave_the_batch_as_in_python(monkeypatch):
     assert_identical(got, want)
 
 
+def test_early_stopping_is_read_as_the_python_step_reads_it(monkeypatch):
+    """The Python step tests ``early_stopping is True``: an integer 1 (which option validation lets through, as it
+    equals True) searches as False there, and so natively (on a model where True and False give other results)."""
+    model = TiedModel(12, seed=0)
+    input_ids = torch.randint(3, 12, (4, 1), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for value in (1, False, True):
+        options = dict(num_beams=3, max_new_tokens=8, eos_token_id=[1, 2], pad_token_id=0, early_stopping=value)
+        got, want, _ = both_ways(monkeypatch, lambda options=options: search(model, input_ids, **options), "beam")
+        assert_identical(got, want)
+        runs.append(got)
+    assert_identical(runs[0], runs[1])
+    assert not torch.equal(runs[1].sequences_scores, runs[2].sequences_scores)
+
+
 def test_a_nan_is_named_as_in_python(monkeypatch):
     def step(tokens, state):
         logits = torch.zeros(tokens.shape[0], 5)

@@ -44,23 +44,21 @@ struct Pool {
   }
 };
 
-// to[b2, j] = from[b, m], field by field (flags and reasons only where both pools have them)
-struct Rows {
-  int64_t L, G;
-  void copy(const Pool& from, int64_t b, int64_t m, Pool& to, int64_t b2, int64_t j) const {
-    const int64_t M = from.scores.size(1), J = to.scores.size(1);
-    std::copy_n(from.tokens.data_ptr<int64_t>() + (b * M + m) * L, L, to.tokens.data_ptr<int64_t>() + (b2 * J + j) * L);
-    std::copy_n(from.log_probs.data_ptr<float>() + (b * M + m) * G, G, to.log_probs.data_ptr<float>() + (b2 * J + j) * G);
-    std::copy_n(from.beams.data_ptr<int64_t>() + (b * M + m) * G, G, to.beams.data_ptr<int64_t>() + (b2 * J + j) * G);
-    to.scores.data_ptr<float>()[b2 * J + j] = from.scores.data_ptr<float>()[b * M + m];
-    if (to.finished.defined() && from.finished.defined()) {
-      to.finished.data_ptr<bool>()[b2 * J + j] = from.finished.data_ptr<bool>()[b * M + m];
-      to.reasons.data_ptr<int64_t>()[b2 * J + j] = from.reasons.data_ptr<int64_t>()[b * M + m];
-    }
+// to[b, j] = from[b, m], field by field (flags and reasons only where both pools have them)
+void copy_hypothesis(const Pool& from, int64_t b, int64_t m, Pool& to, int64_t j) {
+  const int64_t M = from.scores.size(1), J = to.scores.size(1), L = from.tokens.size(2), G = from.log_probs.size(2);
+  const int64_t src = b * M + m, dst = b * J + j;
+  std::copy_n(from.tokens.data_ptr<int64_t>() + src * L, L, to.tokens.data_ptr<int64_t>() + dst * L);
+  std::copy_n(from.log_probs.data_ptr<float>() + src * G, G, to.log_probs.data_ptr<float>() + dst * G);
+  std::copy_n(from.beams.data_ptr<int64_t>() + src * G, G, to.beams.data_ptr<int64_t>() + dst * G);
+  to.scores.data_ptr<float>()[dst] = from.scores.data_ptr<float>()[src];
+  if (to.finished.defined() && from.finished.defined()) {
+    to.finished.data_ptr<bool>()[dst] = from.finished.data_ptr<bool>()[src];
+    to.reasons.data_ptr<int64_t>()[dst] = from.reasons.data_ptr<int64_t>()[src];
   }
-};
+}
 
-Pool empty_like(const Pool& p, int64_t B, int64_t M, bool finished) {
+Pool empty_pool(const Pool& p, int64_t B, int64_t M, bool finished) {
   const int64_t L = p.tokens.size(2), G = p.log_probs.size(2);
   Pool out{at::empty({B, M, L}, p.tokens.options()), at::empty({B, M}, p.scores.options()),
            at::empty({B, M, G}, p.log_probs.options()), at::empty({B, M, G}, p.beams.options()), {}, {}};
@@ -76,8 +74,8 @@ Pool empty_like(const Pool& p, int64_t B, int64_t M, bool finished) {
 // can_improve [B] bool, example_ids [B] int64 (each example's place in the full batch), length t, prompt t0,
 // max_length L, eos ids, length_penalty, early_stopping (0: False, 1: True, 2: "never").
 // Returns: the live pool's 4 fields, the finished pool's 6, can_improve [B] bool, the new beams' parent rows [B*K]
-// int64, and [B + 3] int64: per example whether it is done, then whether every candidate hit a criterion, whether
-// every beam continues its own row, and whether any candidate total is NaN; then nan [B] bool.
+// int64, [B + 2] int64: per example whether it is done, then whether every candidate hit a criterion and whether
+// every beam continues its own row; and nan [B] bool: the examples with a NaN candidate total.
 std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at::Tensor log_probs,
                                     std::vector<at::Tensor> live_fields, std::vector<at::Tensor> pool_fields,
                                     at::Tensor can_improve, at::Tensor example_ids, int64_t t, int64_t t0,
@@ -92,7 +90,6 @@ std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at:
               log_probs.scalar_type() == at::kFloat, "values float32, positions int64, log_probs float32");
   TORCH_CHECK(log_probs.size(0) == B * K && pool.scores.size(1) == K && C >= K && t < L && position < G &&
               position >= 0 && can_improve.numel() == B && example_ids.numel() == B, "beam_update: shapes");
-  const Rows rows{L, G};
   const float* val = values.data_ptr<float>();
   const int64_t* pos = positions.data_ptr<int64_t>();
   const float* lp = log_probs.data_ptr<float>();
@@ -105,20 +102,22 @@ std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at:
   };
 
   // the candidates: their parents' hypotheses with one more token
-  Pool cand = empty_like(live, B, C, true);
-  std::vector<char> hits(B * C), any_nan(B, 0);
+  Pool cand = empty_pool(live, B, C, true);
+  std::vector<char> hits(B * C);
+  at::Tensor nan = at::zeros({B}, at::TensorOptions().dtype(at::kBool));  // [B]: a NaN among the candidates
+  bool* np = nan.data_ptr<bool>();
   bool all_hit = true;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t c = 0; c < C; ++c) {
       const int64_t p = pos[b * C + c], parent = p / V, token = p % V;
       TORCH_CHECK(p >= 0 && p < K * V, "beam_update: a candidate position out of [0, K*V)");
-      rows.copy(live, b, parent, cand, b, c);
+      copy_hypothesis(live, b, parent, cand, c);
       const int64_t i = b * C + c;
       cand.tokens.data_ptr<int64_t>()[i * L + t] = token;
       cand.log_probs.data_ptr<float>()[i * G + position] = lp[(b * K + parent) * V + token];
       cand.beams.data_ptr<int64_t>()[i * G + position] = parent + ids[b] * K;
       cand.scores.data_ptr<float>()[i] = val[i];
-      if (std::isnan(val[i])) any_nan[b] = 1;
+      if (std::isnan(val[i])) np[b] = true;
       const bool eos_hit = is_eos(token);
       hits[i] = at_limit || eos_hit;
       all_hit = all_hit && hits[i];
@@ -146,13 +145,13 @@ std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at:
     }
   }
   const at::Tensor keep_pool = std::get<1>(at::topk(merged, K)).contiguous();  // [B, K]
-  Pool finished = empty_like(pool, B, K, true);
+  Pool finished = empty_pool(pool, B, K, true);
   const int64_t* kp = keep_pool.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t k = 0; k < K; ++k) {
       const int64_t m = kp[b * K + k];
-      if (m < K) { rows.copy(pool, b, m, finished, b, k); continue; }
-      rows.copy(cand, b, m - K, finished, b, k);
+      if (m < K) { copy_hypothesis(pool, b, m, finished, k); continue; }
+      copy_hypothesis(cand, b, m - K, finished, k);
       finished.scores.data_ptr<float>()[b * K + k] = mp[b * (K + C) + m];
     }
 
@@ -161,7 +160,7 @@ std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at:
   float* rp = running.data_ptr<float>();
   for (int64_t i = 0; i < B * C; ++i) rp[i] = val[i] + (hits[i] ? MASK : 0.f);
   const at::Tensor keep_live = std::get<1>(at::topk(running, K)).contiguous();  // [B, K]
-  Pool next = empty_like(live, B, K, false);
+  Pool next = empty_pool(live, B, K, false);
   const int64_t* kl = keep_live.data_ptr<int64_t>();
   at::Tensor parent_rows = at::empty({B * K}, at::TensorOptions().dtype(at::kLong));
   int64_t* pr = parent_rows.data_ptr<int64_t>();
@@ -169,7 +168,7 @@ std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at:
   for (int64_t b = 0; b < B; ++b)
     for (int64_t k = 0; k < K; ++k) {
       const int64_t c = kl[b * K + k];
-      rows.copy(cand, b, c, next, b, k);
+      copy_hypothesis(cand, b, c, next, k);
       next.scores.data_ptr<float>()[b * K + k] = rp[b * C + c];
       pr[b * K + k] = b * K + pos[b * C + c] / V;
       identity = identity && pr[b * K + k] == b * K + k;
@@ -179,18 +178,17 @@ std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at:
   const int64_t best_length = (early_stopping == 2 && length_penalty > 0.0) ? max_length - t0 : t + 1 - t0;
   const float best_norm = (float)std::pow((double)best_length, length_penalty);
   at::Tensor improves = at::empty({B}, at::TensorOptions().dtype(at::kBool));
-  at::Tensor flags = at::empty({B + 3}, at::TensorOptions().dtype(at::kLong));
-  at::Tensor nan = at::empty({B}, at::TensorOptions().dtype(at::kBool));
+  at::Tensor flags = at::empty({B + 2}, at::TensorOptions().dtype(at::kLong));
   bool* ip = improves.data_ptr<bool>();
   int64_t* fp = flags.data_ptr<int64_t>();
   const float* fs = finished.scores.data_ptr<float>();
   const bool* ff = finished.finished.data_ptr<bool>();
-  bool any_nan_at_all = false;
   for (int64_t b = 0; b < B; ++b) {
     const float best = next.scores.data_ptr<float>()[b * K] / best_norm;
     float lowest = fs[b * K];
     bool all_finished = true;
-    for (int64_t k = 1; k < K; ++k) lowest = std::isnan(fs[b * K + k]) || fs[b * K + k] < lowest ? fs[b * K + k] : lowest;
+    for (int64_t k = 1; k < K; ++k)  // torch.min: the least, NaN once one is met
+      lowest = std::isnan(fs[b * K + k]) || fs[b * K + k] < lowest ? fs[b * K + k] : lowest;
     bool better = false;
     for (int64_t k = 0; k < K; ++k) {
       better = better || best > (ff[b * K + k] ? lowest : MASK);
@@ -198,10 +196,8 @@ std::vector<at::Tensor> beam_update(at::Tensor values, at::Tensor positions, at:
     }
     ip[b] = improve[b] && better;
     fp[b] = !ip[b] || (early_stopping == 1 && all_finished);
-    nan.data_ptr<bool>()[b] = any_nan[b];
-    any_nan_at_all = any_nan_at_all || any_nan[b];
   }
-  fp[B] = all_hit; fp[B + 1] = identity; fp[B + 2] = any_nan_at_all;
+  fp[B] = all_hit; fp[B + 1] = identity;
   std::vector<at::Tensor> out = next.fields();
   for (const at::Tensor& f : finished.fields()) out.push_back(f);
   out.insert(out.end(), {improves, parent_rows, flags, nan});

@@ -35,7 +35,6 @@ LIVE = ("tokens", "scores", "token_log_probs", "beam_indices")
 FINISHED = (*LIVE, "finished", "reasons")
 SWITCH = "BEAMSEARCH_NATIVE_SEARCH"  # =0: the Python steps (the native T5 step still runs)
 GREEDY = ("tokens", "token_log_probs", "running", "lengths", "reasons")
-EARLY_STOPPING = {False: 0, True: 1, "never": 2}
 
 
 def native_beam_reason(search: Any) -> str | None:
@@ -46,8 +45,6 @@ def native_beam_reason(search: Any) -> str | None:
     if set(search.live.fields) != set(LIVE) or set(search.finished.fields) != set(FINISHED) \
             or search.finished.scores.dtype != torch.float32 or search.live.scores.dtype != torch.float32:
         return "hypotheses with other fields or dtypes"
-    if search.early_stopping not in EARLY_STOPPING:
-        return f"early_stopping={search.early_stopping!r}"
     return _common_reason(search)
 
 
@@ -111,17 +108,22 @@ def native_beam_update(search: Any, log_probs: torch.Tensor, values: torch.Tenso
     out = extension().beam_update(
         values, positions, log_probs, [live.fields[name] for name in LIVE], [pool.fields[name] for name in FINISHED],
         search.can_improve[:, 0], search.example_ids, search.length, search.prompt_length, search.max_length,
-        list(search.eos_token_id or ()), float(search.length_penalty), EARLY_STOPPING[search.early_stopping])
+        list(search.eos_token_id or ()), float(search.length_penalty), _early_stopping(search.early_stopping))
     t0 = search.prompt_length
     search.live = Hypotheses(t0, **dict(zip(LIVE, out[:4], strict=True)))
     search.finished = Hypotheses(t0, **dict(zip(FINISHED, out[4:10], strict=True)))
     search.can_improve = out[10][:, None]
     search.length += 1
     rows, flags, nan = out[11], out[12], out[13]
-    b = values.shape[0]
     search.watch.flag(nan)
-    *done, all_hit, identity = search.watch.read(flags[: b + 2])
+    *done, all_hit, identity = search.watch.read(flags)
     return rows, done, all_hit, identity
+
+
+def _early_stopping(value: Any) -> int:
+    """The extension's code for ``early_stopping``, read as :class:`~.beam.BeamSearch` reads it (``is True``,
+    ``== "never"``, anything else as False): 1, 2, 0."""
+    return 1 if value is True else 2 if value == "never" else 0
 
 
 def native_greedy_update(search: Any, scores: torch.Tensor) -> list[int]:

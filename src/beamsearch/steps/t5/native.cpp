@@ -1,6 +1,7 @@
 // The fast T5 step as one C++ call per decoding step, and T5's encoder as one call per batch (native.py says what it
-// computes; beamsearch/extension.py builds it at first use, extension.cpp registers it). Products go through ATen (at::mm_out, addmm_ with the residual:
-// MKL or oneDNN, without Python or autograd); norms, attention, ReLU run as plain loops over GCC/Clang vectors.
+// computes; beamsearch/extension.py builds it at first use, extension.cpp registers it). Products go through ATen
+// (at::mm_out, addmm_ with the residual: MKL or oneDNN, without Python or autograd); norms, attention, ReLU run as
+// plain loops over GCC/Clang vectors.
 // int8 models: each product's input is quantized once (per row, symmetric, 127 levels), multiplied by the int8
 // weight in one at::_int_mm (int32 sums), and scaled back by row and by output column.
 //
