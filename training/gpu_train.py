@@ -148,6 +148,8 @@ def parse(argv: Sequence[str] | None):
     ap.add_argument("--start", type=float, default=T0, help="when the budget began (epoch seconds; default: now)")
     ap.add_argument("--reserve", type=float, default=15, help="seconds left at the end for the caller")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="the products' and attention's dtype (auto: bfloat16 on a GPU, float32 on the CPU)")
     ap.add_argument("--graphs", choices=("auto", "on", "off"), default="auto", help="CUDA graphs (auto: on a GPU)")
     ap.add_argument("--teachers", type=int, default=4)
     ap.add_argument("--init", type=Path,
@@ -232,7 +234,9 @@ def setup(a) -> Run:
     vocab = read_vocab(a.data)
     shape = T5Shape(vocab_size=len(vocab), d_model=a.d_model, d_ff=a.d_ff, layers=a.layers, heads=a.heads,
                     d_kv=a.d_kv)
-    model = StackedT5(shape, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16}[a.dtype]
+    model = StackedT5(shape, dtype, device)
     data = BucketedData(read_pairs(a.data, vocab, a.train_limit), a.batch_size, device)
     dev = read_dev(a.data, vocab, device, a.dev_limit)
     args = {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
@@ -299,7 +303,7 @@ def train_students(r: Run, teachers: tuple[torch.Tensor, torch.Tensor, list[dict
     t_m, t_v, members = teachers if teachers is not None else load_flat(a.out / TEACHERS_FILE, r.device)
     t0 = time.time()
     r.data.add_targets(teacher_distribution(r.model, t_m, t_v, a.teacher_mode),
-                       dtype=torch.bfloat16 if r.device.type == "cuda" else torch.float32)
+                       dtype=r.model.dtype)
     log(f"teacher distributions of {len(members)} teachers for {r.record['train_pairs']} pairs in "
         f"{time.time() - t0:.1f}s")
     s_seeds = [a.seed + 100 + k for k in range(a.students)]

@@ -65,6 +65,7 @@ RUN_KEYS = [
     "clip",
     "init_from",
     "time_schedule",
+    "bf16",
 ]
 
 
@@ -439,9 +440,11 @@ def train(a) -> None:
             inp, att, dec, lab = (t.to(device, non_blocking=True) for t in collate(data, batch))
             for g in opt.param_groups:
                 g["lr"] = lr_at(state["step"], a, state["elapsed"] + time.time() - t_start)
-            logits = model(input_ids=inp, attention_mask=att, decoder_input_ids=dec, use_cache=False).logits
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.bf16):
+                logits = model(input_ids=inp, attention_mask=att, decoder_input_ids=dec, use_cache=False).logits
             loss = F.cross_entropy(
-                logits.view(-1, logits.size(-1)), lab.view(-1), ignore_index=-100, label_smoothing=a.label_smoothing
+                logits.float().view(-1, logits.size(-1)), lab.view(-1), ignore_index=-100,
+                label_smoothing=a.label_smoothing,
             )
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -713,9 +716,9 @@ def export(a) -> None:
             f"{saved['hours'] * 60:.0f} minutes" if saved.get("time_schedule") else f"{saved['total_steps']} steps"
         ),
         hardware=(
-            f"One {saved['gpu']} GPU, float32 (TF32 off)." if saved.get("gpu")
-            else "One CPU thread (`torch.set_num_threads(1)`), float32."
-        ),
+            f"One {saved['gpu']} GPU" if saved.get("gpu") else "One CPU thread (`torch.set_num_threads(1)`)"
+        ) + (", bfloat16 autocast for the forward products." if saved.get("bf16")
+             else (", float32 (TF32 off)." if saved.get("gpu") else ", float32.")),
     )
     (out / "README.md").write_text(card)
     log(f"exported to {out}: {sorted(p.name for p in out.iterdir())}")
@@ -736,6 +739,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (training; export and test evaluation run on CPU)")
     ap.add_argument("--time-schedule", action="store_true", help="decay the learning rate over --hours, not steps")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bfloat16 autocast for the forward products (float32 weights, loss and AdamW); on a CPU with "
+                         "AMX about 1.4x the pairs/s (training/README.md)")
     ap.add_argument("--ckpt-minutes", type=float, default=10)
     ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--extra-steps", type=int, default=0, help="train this many steps past --total-steps")
