@@ -16,6 +16,7 @@ import torch
 from ..adapters.hf import search_model
 from ..errors import SearchError
 from ..steps.chooser import fast_capable
+from .ensemble_file import ENSEMBLE_FILE, is_ensemble_folder, read_ensemble_file
 from .flags import generation_options
 from .inputs import CLIError, Line
 from .lengths import CutCount, capped, count_cut, mark_source_limit, source_tied_limit
@@ -43,11 +44,27 @@ class Model:
 
 def load_model(path: str | None, device: str, lowercase: bool | None, eager_attention: bool = False,
                int8: bool = False) -> Model:
-    """The model and tokenizer of a local directory (the embedded G2P model when ``path`` is None).
+    """The model and tokenizer of a local directory (the embedded G2P model when ``path`` is None), or the members of
+    an ensemble folder (``ensemble.json``, :mod:`.ensemble_file`): the first is the model, the others its ensemble.
 
     ``eager_attention`` loads it with attention weights available (for coverage penalties); ``int8`` quantizes
     its linear layers (CPU only, :func:`beamsearch.quantize_int8`).
     """
+    folder = EMBEDDED_MODEL if path is None else Path(path)
+    lowercase = path is None if lowercase is None else lowercase
+    if not is_ensemble_folder(folder):
+        return load_one(folder, f"--model {folder}", device, lowercase, eager_attention, int8)
+    spec = read_ensemble_file(folder)
+    m, *others = (load_one(member, f"--model {folder}: its member {member}", device, lowercase, eager_attention, int8)
+                  for member in spec.members)
+    for member, other in zip(spec.members[1:], others, strict=True):
+        join(m, other, f"--model {folder}: its member {member}")
+    m.ensemble_mode = spec.mode or m.ensemble_mode
+    return m
+
+
+def load_one(folder: Path, what: str, device: str, lowercase: bool, eager_attention: bool, int8: bool) -> Model:
+    """One model directory; ``what`` names it in errors (``--model DIR``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
@@ -55,8 +72,7 @@ def load_model(path: str | None, device: str, lowercase: bool | None, eager_atte
     except ImportError:
         raise CLIError("the command line needs transformers: pip install 'beamsearch[hf]'") from None
     hf_logging.disable_progress_bar()
-    folder = EMBEDDED_MODEL if path is None else Path(path)
-    check_model_folder(folder)
+    check_model_folder(folder, what)
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         cls = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
@@ -65,9 +81,9 @@ def load_model(path: str | None, device: str, lowercase: bool | None, eager_atte
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as e:  # a corrupt or incomplete directory: transformers and safetensors raise many types
         message = " ".join(str(e).split())[:300]
-        raise CLIError(f"--model {folder}: cannot be loaded ({type(e).__name__}: {message})", status=1) from None
+        raise CLIError(f"{what}: cannot be loaded ({type(e).__name__}: {message})", status=1) from None
     if not callable(getattr(tokenizer, "pad", None)) or not tokenizer("a")["input_ids"]:
-        raise CLIError(f"--model {folder}: its tokenizer loaded but encodes nothing")
+        raise CLIError(f"{what}: its tokenizer loaded but encodes nothing")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -86,12 +102,12 @@ def load_model(path: str | None, device: str, lowercase: bool | None, eager_atte
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:
             tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.pad_token is None:
-        raise CLIError(f"--model {folder}: its tokenizer has no pad token (needed to batch inputs)")
+        raise CLIError(f"{what}: its tokenizer has no pad token (needed to batch inputs)")
     # an int8 T5 model decodes with the fast step (its folded weights requantized per output row: faster, and the
     # embedded model's WER within 0.3 points of float32's, docs/performance.md); the library's default for an int8
     # model is the lean step, whose products are the quantized model's own
     step = {"lean_step": "fast"} if int8 and fast_capable(model) else {}
-    return Model(model, tokenizer, path is None if lowercase is None else lowercase, step=step)
+    return Model(model, tokenizer, lowercase, step=step)
 
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -100,22 +116,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "voc
                    "sentencepiece.bpe.model", "tokenizer.model", "source.spm")
 
 
-def check_model_folder(folder: Path) -> None:
+def check_model_folder(folder: Path, what: str) -> None:
     """What a model directory must hold before anything is loaded: config.json, safetensors weights (pickled
-    weights can run code when loaded, so they are refused) and tokenizer files."""
-    name = str(folder)
+    weights can run code when loaded, so they are refused) and tokenizer files. ``what`` names it (``--model DIR``)."""
     if not folder.is_dir():
-        raise CLIError(f"--model {name}: not a directory (a local Hugging Face model directory is expected)")
+        raise CLIError(f"{what}: not a directory (a local Hugging Face model directory is expected)")
     if not (folder / "config.json").is_file():
-        raise CLIError(f"--model {name}: no config.json in it")
+        raise CLIError(f"{what}: no config.json in it")
     if not any((folder / f).is_file() for f in WEIGHTS):
         pickled = [f for f in PICKLED if (folder / f).is_file()]
         if pickled:
-            raise CLIError(f"--model {name}: only {pickled[0]} (pickle) weights; beamsearch loads safetensors only, "
+            raise CLIError(f"{what}: only {pickled[0]} (pickle) weights; beamsearch loads safetensors only, "
                            "as pickle files can run code: convert with model.save_pretrained(dir) in transformers")
-        raise CLIError(f"--model {name}: no model.safetensors in it")
+        raise CLIError(f"{what}: no model.safetensors in it")
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
-        raise CLIError(f"--model {name}: no tokenizer files in it (tokenizer.json or tokenizer_config.json and its "
+        raise CLIError(f"{what}: no tokenizer files in it (tokenizer.json or tokenizer_config.json and its "
                        "vocabulary): save the tokenizer with the model")
 
 
@@ -289,14 +304,22 @@ def report_long_inputs(m: Model, limit: int | None, on_long: str) -> None:
 
 
 def add_ensemble(m: Model, args: argparse.Namespace) -> None:
-    """Load the --ensemble directories next to the main model; they must share its tokenizer."""
+    """Load the --ensemble directories next to the main model; they must share its tokenizer. ``--ensemble-mode``
+    overrides an ensemble folder's mode."""
     for folder in args.ensemble:
-        other = load_model(folder, args.device, args.lowercase, int8=args.int8)
-        if other.tokenizer.get_vocab() != m.tokenizer.get_vocab():
-            raise CLIError(f"--ensemble {folder}: its tokenizer differs from the main model's (an ensemble needs "
-                           "one vocabulary)")
-        m.ensemble.append(other.model)
-    m.ensemble_mode = args.ensemble_mode
+        if is_ensemble_folder(Path(folder)):
+            raise CLIError(f"--ensemble {folder}: an ensemble folder ({ENSEMBLE_FILE}); give it as --model, or its "
+                           "members as --ensemble")
+        name = f"--ensemble {folder}"
+        join(m, load_one(Path(folder), name, args.device, m.lowercase, False, args.int8), name)
+    m.ensemble_mode = args.ensemble_mode or m.ensemble_mode
+
+
+def join(m: Model, other: Model, what: str) -> None:
+    """``other`` decodes with ``m`` (an ensemble member): one vocabulary."""
+    if other.tokenizer.get_vocab() != m.tokenizer.get_vocab():
+        raise CLIError(f"{what}: its tokenizer differs from the main model's (an ensemble needs one vocabulary)")
+    m.ensemble.append(other.model)
 
 
 def prepare_decode(args: argparse.Namespace) -> tuple[Model, dict[str, Any], int | None]:

@@ -128,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
         leaves out the flags that only mean something for many inputs or several models: batching, ensembles,
         ranking an n-best, CUDA graphs (a trace cannot be captured)."""
         model, io, perf = g["model"], g["input/output"], g["performance"]
-        model.add_argument("--model", help="local Hugging Face seq2seq or causal-LM directory (default: the "
-                           "embedded G2P model)")
+        model.add_argument("--model", help="local Hugging Face seq2seq or causal-LM directory, or an ensemble "
+                           "folder (its ensemble.json lists model directories; docs/cli.md) (default: the embedded "
+                           "G2P model)")
         model.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when available)")
         model.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
                            help="lowercase inputs (default: on for the embedded model, off otherwise)")
@@ -137,8 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
         if many:
             model.add_argument("--ensemble", action="append", default=[], metavar="DIR",
                                help="decode with this model directory too, distributions averaged (repeatable)")
-            model.add_argument("--ensemble-mode", choices=("log", "prob"), default="log",
-                               help="average log-probabilities (OpenNMT-py) or probabilities (fairseq)")
+            model.add_argument("--ensemble-mode", choices=("log", "prob"),
+                               help="average log-probabilities (OpenNMT-py; the default) or probabilities (fairseq); "
+                                    "overrides an ensemble folder's own")
             perf.add_argument("--batch-size", type=int, default=64, help="inputs per batch (tokens with "
                               "--batch-type tokens)")
             perf.add_argument("--batch-type", choices=("sentences", "tokens"), default="sentences",

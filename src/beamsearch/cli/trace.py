@@ -23,6 +23,9 @@ def run_trace(args: argparse.Namespace) -> int:
     from .decoding import encode, input_limit, load_model, report_long_inputs
 
     m = load_model(args.model, args.device, args.lowercase, int8=args.int8)
+    if m.ensemble:
+        raise CLIError(f"trace records one model's search: --model {args.model} is an ensemble of "
+                       f"{len(m.ensemble) + 1} (trace one of its members)")
     if args.seed is not None:
         torch.manual_seed(args.seed)
     options = generation_options(args)
