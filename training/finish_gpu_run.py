@@ -56,7 +56,7 @@ def read_run(files: Path, out: Path) -> dict:
             tar.extractall(logs, filter="data")
         if (logs / "run.json").exists():
             return json.loads((logs / "run.json").read_text())
-    first = sorted(files.glob("teacher*.safetensors"))
+    first = sorted(files.glob("teacher[0-9]*.safetensors"))
     if not first:
         raise SystemExit(f"{files}: no run.json, logs.tgz or teacher*.safetensors")
     facts = stored_facts(first[0])
@@ -81,6 +81,7 @@ def export(weights: Path, run: dict, folder: Path) -> dict:
     if [t for t, _ in sorted(vocab.items(), key=lambda item: item[1])] != run["vocab"]:
         raise SystemExit(f"{weights}: the run's vocabulary differs from the shipped tokenizer's")
     state = {name: w.float() for name, w in load_file(str(weights)).items()}
+    run = own_shape(weights, run)
     config = T5Config(**run["hf_config"], dropout_rate=float(run["args"]["dropout"]))
     model = T5ForConditionalGeneration(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -97,6 +98,12 @@ def export(weights: Path, run: dict, folder: Path) -> dict:
         shutil.copy(SHIPPED / name, folder / name)
     check_logits(folder, state, run)
     return {k: v for k, v in stored_facts(weights).items() if k not in ("vocab", "hf_config", "shape")}
+
+
+def own_shape(weights: Path, run: dict) -> dict:
+    """``run`` with the shape the weights file states (a student may have another shape than the teachers)."""
+    facts = stored_facts(weights)
+    return {**run, **{k: facts[k] for k in ("shape", "hf_config") if k in facts}}
 
 
 def check_logits(folder: Path, state: dict[str, torch.Tensor], run: dict) -> None:
@@ -185,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     run = read_run(args.files, args.out)
-    weights = sorted(args.files.glob("teacher*.safetensors")) + sorted(args.files.glob("student.safetensors"))
+    weights = sorted(args.files.glob("teacher[0-9]*.safetensors")) + sorted(args.files.glob("student.safetensors"))
     if not weights:
         raise SystemExit(f"{args.files}: no teacher*.safetensors")
     folders, facts = {}, {}
@@ -193,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         name = path.stem
         folders[name] = args.out / "export" / name
         facts[name] = export(path, run, folders[name])
-        (folders[name] / "README.md").write_text(model_card(name, facts[name], run))
+        (folders[name] / "README.md").write_text(model_card(name, facts[name], own_shape(path, run)))
         size = (folders[name] / "model.safetensors").stat().st_size / 1e6
         print(f"exported {folders[name]} ({size:.1f} MB); logits equal the trainer's", flush=True)
 

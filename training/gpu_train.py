@@ -33,7 +33,7 @@ import sys  # noqa: E402
 import tarfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
+from dataclasses import asdict, dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stacked_data import BucketedData, DevSet, read_dev, read_pairs, read_vocab  # noqa: E402
 from stacked_phase import STOP, Curve, Settings, dev_keys, key, run_phase  # noqa: E402
 from stacked_step import Objective, StackTrainer  # noqa: E402
-from stacked_t5 import StackedT5, T5Shape, flat_from_hf, hf_state_dict, init_flat  # noqa: E402
+from stacked_t5 import StackedT5, T5Shape, flat_from_hf, group_sizes, hf_state_dict, init_flat  # noqa: E402
 
 T0 = time.time()
 TEACHERS_FILE = "teachers.safetensors"  # in --out: every teacher's chosen float32 weights, for the student phase
@@ -117,7 +117,7 @@ def init_from_files(folder: Path, shape: T5Shape, members: int) -> tuple[torch.T
     from safetensors import safe_open
 
     found = []
-    for path in sorted(folder.glob("teacher*.safetensors")) + sorted(folder.glob("student.safetensors")):
+    for path in sorted(folder.glob("teacher[0-9]*.safetensors")) + sorted(folder.glob("student.safetensors")):
         with safe_open(str(path), "pt") as f:
             info = json.loads(f.metadata()["g2p"])
             if info["shape"] != asdict(shape):
@@ -134,6 +134,18 @@ def init_from_files(folder: Path, shape: T5Shape, members: int) -> tuple[torch.T
 
 
 # ---------------------------------------------------------------------------------------------------- main
+
+
+SHAPE_FIELDS = ("d_model", "d_ff", "layers", "heads", "d_kv")
+
+
+def parse_shape(ap: argparse.ArgumentParser, text: str) -> dict[str, int]:
+    """``D_MODEL,D_FF,LAYERS,HEADS,D_KV`` -> the T5Shape fields, five positive integers."""
+    values = text.split(",")
+    if len(values) != len(SHAPE_FIELDS) or not all(v.strip().isdigit() and int(v) > 0 for v in values):
+        ap.error(f"--student-shape {text!r}: five positive integers D_MODEL,D_FF,LAYERS,HEADS,D_KV (e.g. "
+                 "192,768,3,6,32)")
+    return dict(zip(SHAPE_FIELDS, map(int, values), strict=True))
 
 
 def parse(argv: Sequence[str] | None):
@@ -179,6 +191,9 @@ def parse(argv: Sequence[str] | None):
     ap.add_argument("--students", type=int, default=2)
     ap.add_argument("--student-alphas", type=float, nargs="+", default=[0.5, 0.8])
     ap.add_argument("--student-init", choices=("best", "scratch"), default="best")
+    ap.add_argument("--student-shape", metavar="D_MODEL,D_FF,LAYERS,HEADS,D_KV",
+                    help="students of another (smaller, faster to decode) shape than the teachers, trained from "
+                         "scratch (with --student-init scratch)")
     ap.add_argument("--student-lr", type=float, default=5e-4)
     ap.add_argument("--student-warmup", type=int, default=1000)
     ap.add_argument("--teacher-mode", choices=("prob", "log"), default="prob")
@@ -192,6 +207,10 @@ def parse(argv: Sequence[str] | None):
     a = ap.parse_args(argv)
     if len(a.student_alphas) < a.students:
         ap.error(f"--student-alphas: {a.students} students need {a.students} values")
+    if a.student_shape is not None:
+        a.student_shape = parse_shape(ap, a.student_shape)
+        if a.student_init == "best":
+            ap.error("--student-shape: students of another shape start from scratch (give --student-init scratch)")
     a.weights_out = a.weights_out or a.out
     return a
 
@@ -218,9 +237,9 @@ class Run:
         (self.a.out / "run.json").write_text(json.dumps(self.record, indent=1) + "\n")
         pack_logs(self.a.out, self.a.weights_out)
 
-    def export_facts(self) -> dict:
-        return {"shape": asdict(self.shape), "hf_config": self.shape.hf_config(), "vocab": self.vocab,
-                "dropout": self.a.dropout}
+    def export_facts(self, shape: T5Shape | None = None) -> dict:
+        shape = shape or self.shape
+        return {"shape": asdict(shape), "hf_config": shape.hf_config(), "vocab": self.vocab, "dropout": self.a.dropout}
 
 
 def setup(a) -> Run:
@@ -307,17 +326,24 @@ def train_students(r: Run, teachers: tuple[torch.Tensor, torch.Tensor, list[dict
     log(f"teacher distributions of {len(members)} teachers for {r.record['train_pairs']} pairs in "
         f"{time.time() - t0:.1f}s")
     s_seeds = [a.seed + 100 + k for k in range(a.students)]
+    shape, model = r.shape, r.model
+    if a.student_shape is not None:
+        shape = replace(r.shape, **a.student_shape)
+        model = StackedT5(shape, r.model.dtype, r.device)
+        r.record["student_shape"] = asdict(shape)
+        log(f"students of shape {a.student_shape} ({sum(group_sizes(shape)):,} parameters; teachers "
+            f"{sum(group_sizes(r.shape)):,})")
     if a.student_init == "best":
         top = min(range(len(members)), key=lambda k: key(members[k]["dev_greedy"]))
         s_m = t_m[top : top + 1].repeat(a.students, 1).contiguous()
         s_v = t_v[top : top + 1].repeat(a.students, 1).contiguous()
         r.record["student_init"] = f"teacher{top}"
     else:
-        s_m, s_v = (t.to(r.device) for t in init_flat(r.shape, s_seeds))
+        s_m, s_v = (t.to(r.device) for t in init_flat(shape, s_seeds))
         r.record["student_init"] = "scratch"
     del t_m, t_v
     alphas = torch.tensor(a.student_alphas[: a.students], device=r.device)
-    trainer = StackTrainer(r.model, s_m, s_v, r.data, Objective(a.smoothing, alphas), a.dropout, a.seed + 100,
+    trainer = StackTrainer(model, s_m, s_v, r.data, Objective(a.smoothing, alphas), a.dropout, a.seed + 100,
                            a.clip, a.weight_decay)
     warmup = a.student_warmup if a.student_init == "best" else a.warmup
     lr = a.student_lr if a.student_init == "best" else a.lr
@@ -329,9 +355,9 @@ def train_students(r: Run, teachers: tuple[torch.Tensor, torch.Tensor, list[dict
     top = min(range(a.students), key=lambda k: key(s_info[k]["dev_greedy"]))
     r.record["students"] = {**s_phase, "kept": top, "members": [
         {"seed": s, "alpha": float(al), **i} for s, al, i in zip(s_seeds, a.student_alphas, s_info, strict=False)]}
-    save_member(a.weights_out / "student.safetensors", r.shape, st_m[top], st_v[top],
+    save_member(a.weights_out / "student.safetensors", shape, st_m[top], st_v[top],
                 {"role": "student", "member": top, "alpha": a.student_alphas[top], "init": r.record["student_init"],
-                 "teacher_mode": a.teacher_mode, **s_phase, **s_info[top], **r.export_facts()})
+                 "teacher_mode": a.teacher_mode, **s_phase, **s_info[top], **r.export_facts(shape)})
     r.write_record()
     log(f"done: student {top} (alpha {a.student_alphas[top]}) dev greedy WER {s_info[top]['dev_greedy']['wer']:.2f}; "
         f"{r.deadline - time.time():.0f}s before the deadline")

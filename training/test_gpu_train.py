@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_train import init_from_files, save_member  # noqa: E402
+from gpu_train import init_from_files, parse, save_member  # noqa: E402
 from stacked_fixtures import SHAPE  # noqa: E402
 from stacked_t5 import init_flat  # noqa: E402
 
@@ -50,3 +50,52 @@ def test_a_resume_refuses_another_shape_and_an_empty_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no teacher"):
         init_from_files(tmp_path / "empty", SHAPE, 2)
+
+
+def test_the_returned_files_leave_the_flat_teachers_file_alone(tmp_path):
+    """``teachers.safetensors`` (the work folder's flat float32 file) is not a returned teacher."""
+    returned_files(tmp_path, {"teacher0.safetensors": 30.0})
+    (tmp_path / "teachers.safetensors").write_bytes(b"not a returned file")
+    assert init_from_files(tmp_path, SHAPE, 2)[2] == ["teacher0.safetensors"] * 2
+
+
+def test_a_student_shape_is_five_positive_integers_and_starts_from_scratch():
+    a = parse(["--student-shape", "192,768,3,6,32", "--student-init", "scratch"])
+    assert a.student_shape == {"d_model": 192, "d_ff": 768, "layers": 3, "heads": 6, "d_kv": 32}
+    assert parse([]).student_shape is None
+    for bad in (["--student-shape", "192,768,3", "--student-init", "scratch"],
+                ["--student-shape", "192,768,3,0,32", "--student-init", "scratch"],
+                ["--student-shape", "192,768,3,6,32"]):  # --student-init best needs the teachers' shape
+        with pytest.raises(SystemExit):
+            parse(bad)
+
+
+def test_students_of_another_shape_are_trained_written_and_exported(tmp_path):
+    """Teachers of one shape, a student of another, on a tiny data folder; the student's file states its own shape
+    and exports to a transformers model whose logits equal the trainer's (finish_gpu_run's check)."""
+    import json
+
+    from finish_gpu_run import DATA, SHIPPED, export, stored_facts
+    from gpu_train import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    vocab = json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
+    (data / "vocab.json").write_text(json.dumps(sorted(vocab, key=vocab.get)))
+    pairs = [line.split("\t")[:2] for line in (DATA / "test.tsv").read_text().splitlines()[:600]]
+    (data / "train.tsv").write_text("".join(f"{w}\t{p}\n" for w, p in pairs))
+    (data / "dev.tsv").write_text("".join((DATA / "dev.tsv").read_text().splitlines(keepends=True)[:20]))
+    out = tmp_path / "out"
+    teacher = ["--d-model", "32", "--d-ff", "64", "--layers", "1", "--heads", "2", "--d-kv", "16"]
+    main(["--data", str(data), "--out", str(out), "--device", "cpu", "--graphs", "off", "--teachers", "2",
+          "--students", "1", "--student-alphas", "0.5", "--student-init", "scratch", "--student-shape",
+          "24,48,2,3,8", "--budget", "30", "--reserve", "1", "--min-student-seconds", "5", "--batch-size", "16",
+          "--log-every", "10", "--eval-every", "20", "--warmup", "20", *teacher])
+    facts = stored_facts(out / "student.safetensors")
+    assert {k: facts["shape"][k] for k in ("d_model", "d_ff", "layers", "heads", "d_kv")} == \
+        {"d_model": 24, "d_ff": 48, "layers": 2, "heads": 3, "d_kv": 8}
+    assert stored_facts(out / "teacher0.safetensors")["shape"]["d_model"] == 32
+    run = json.loads((out / "run.json").read_text())
+    assert run["student_shape"]["d_model"] == 24 and run["shape"]["d_model"] == 32
+    export(out / "student.safetensors", run, tmp_path / "student")  # raises if the logits differ
+    assert json.loads((tmp_path / "student" / "config.json").read_text())["num_layers"] == 2
