@@ -110,18 +110,25 @@ def load_flat(path: Path, device: torch.device) -> tuple[torch.Tensor, torch.Ten
         return f.get_tensor("matrices").to(device), f.get_tensor("vectors").to(device), members
 
 
-def init_from_files(folder: Path, shape: T5Shape, members: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def init_from_files(folder: Path, shape: T5Shape, members: int, vocab: list[str] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """``members`` flat float32 weights ``(matrices [K, Pm], vectors [K, Pv])`` from the float16 files an earlier run
     returned to ``folder`` (``save_member``'s), the one with the lowest greedy dev WER first, cycling when there are
-    fewer files than members; and the files' names in member order. Another shape is refused by name."""
+    fewer files than members; and the files' names in member order. Or, where ``folder`` is an exported model
+    directory (``config.json``: the shipped model, say), every member from it. Another shape or vocabulary is refused
+    by name."""
     from safetensors import safe_open
 
+    if (folder / "config.json").is_file():
+        return init_from_model_dir(folder, shape, members, vocab)
     found = []
     for path in sorted(folder.glob("teacher[0-9]*.safetensors")) + sorted(folder.glob("student.safetensors")):
         with safe_open(str(path), "pt") as f:
             info = json.loads(f.metadata()["g2p"])
             if info["shape"] != asdict(shape):
                 raise SystemExit(f"--init: {path} holds a model of shape {info['shape']}, not {asdict(shape)}")
+            if vocab is not None and info.get("vocab", vocab) != vocab:
+                raise SystemExit(f"--init: {path} has another vocabulary than {len(vocab)} tokens of vocab.json")
             state = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open has no iterator
         found.append((info["dev_greedy"]["wer"], path.name, flat_from_hf(shape, state)))
     if not found:
@@ -131,6 +138,32 @@ def init_from_files(folder: Path, shape: T5Shape, members: int) -> tuple[torch.T
     matrices = torch.stack([flat[0] for _, _, flat in chosen])
     vectors = torch.stack([flat[1] for _, _, flat in chosen])
     return matrices, vectors, [name for _, name, _ in chosen]
+
+
+def init_from_model_dir(folder: Path, shape: T5Shape, members: int, vocab: list[str] | None
+                        ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Every member from one transformers T5 directory whose config gives ``shape`` (and whose tokenizer, ``vocab``)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    try:
+        theirs = T5Shape(vocab_size=config["vocab_size"], d_model=config["d_model"], d_ff=config["d_ff"],
+                         layers=config["num_layers"], heads=config["num_heads"], d_kv=config["d_kv"],
+                         buckets=config["relative_attention_num_buckets"],
+                         max_distance=config["relative_attention_max_distance"], eps=config["layer_norm_epsilon"])
+    except KeyError as e:
+        raise SystemExit(f"--init: {folder}/config.json has no {e} (a T5 config is expected)") from None
+    same = theirs == shape and config.get("num_decoder_layers", theirs.layers) == theirs.layers and \
+        config.get("feed_forward_proj") == "relu" and config.get("tie_word_embeddings", True)
+    if not same:
+        raise SystemExit(f"--init: {folder} holds a model of shape {asdict(theirs)} "
+                         f"({config.get('feed_forward_proj')}), not {asdict(shape)} (relu, tied embeddings)")
+    if vocab is not None and (folder / "tokenizer.json").is_file():
+        theirs_vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+        if sorted(theirs_vocab, key=theirs_vocab.get) != vocab:
+            raise SystemExit(f"--init: {folder}'s tokenizer differs from vocab.json")
+    matrices, vectors = flat_from_hf(shape, load_file(str(folder / "model.safetensors")))
+    return matrices.repeat(members, 1), vectors.repeat(members, 1), [folder.name] * members
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -165,7 +198,8 @@ def parse(argv: Sequence[str] | None):
     ap.add_argument("--graphs", choices=("auto", "on", "off"), default="auto", help="CUDA graphs (auto: on a GPU)")
     ap.add_argument("--teachers", type=int, default=4)
     ap.add_argument("--init", type=Path,
-                    help="resume: a folder of an earlier run's returned teacher*.safetensors and student.safetensors; "
+                    help="resume: a folder of an earlier run's returned teacher*.safetensors and student.safetensors "
+                         "(or an exported model directory, such as the shipped model: every teacher starts from it); "
                          "the teachers start from them, the best by its dev WER first, repeated when fewer")
     ap.add_argument("--return-teachers", type=int, default=3,
                     help="write the best N teachers by greedy dev WER (the device returns at most 64 MiB: 3 teachers "
@@ -282,7 +316,7 @@ def train_teachers(r: Run) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
     a = r.a
     seeds = [a.seed + k for k in range(a.teachers)]
     if a.init:
-        matrices, vectors, r.record["init"] = init_from_files(a.init, r.shape, a.teachers)
+        matrices, vectors, r.record["init"] = init_from_files(a.init, r.shape, a.teachers, r.vocab)
         matrices, vectors = matrices.to(r.device), vectors.to(r.device)
         log(f"teachers start from {', '.join(r.record['init'])} in {a.init}")
     else:

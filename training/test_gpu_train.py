@@ -99,3 +99,40 @@ def test_students_of_another_shape_are_trained_written_and_exported(tmp_path):
     assert run["student_shape"]["d_model"] == 24 and run["shape"]["d_model"] == 32
     export(out / "student.safetensors", run, tmp_path / "student")  # raises if the logits differ
     assert json.loads((tmp_path / "student" / "config.json").read_text())["num_layers"] == 2
+
+
+def test_the_teachers_can_start_from_the_shipped_model_directory(tmp_path):
+    """``--init`` on an exported model directory: every member is that model (the trainer's logits equal
+    transformers' on it); another shape or vocabulary is refused."""
+    import json
+    import shutil
+
+    from finish_gpu_run import SHIPPED
+    from stacked_t5 import StackedT5, T5Shape
+    from transformers import AutoModelForSeq2SeqLM
+
+    config = json.loads((SHIPPED / "config.json").read_text())
+    shape = T5Shape(vocab_size=config["vocab_size"], d_model=config["d_model"], d_ff=config["d_ff"],
+                    layers=config["num_layers"], heads=config["num_heads"], d_kv=config["d_kv"])
+    vocab_map = json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
+    vocab = sorted(vocab_map, key=vocab_map.get)
+    matrices, vectors, names = init_from_files(SHIPPED, shape, 2, vocab)
+    assert names == [SHIPPED.name] * 2 and torch.equal(matrices[0], matrices[1])
+    src = torch.tensor([[vocab_map[c] for c in "hello"] + [1]])
+    dec = torch.tensor([[0, 40, 50, 60]])
+    model = StackedT5(shape)
+    with torch.no_grad():
+        w = model.weights(matrices[:1], vectors[:1])
+        enc, mask = model.encode(w, src[None])
+        ours = model.decode(w, dec[None], enc, mask)[0]
+        theirs = AutoModelForSeq2SeqLM.from_pretrained(SHIPPED).eval()(input_ids=src, decoder_input_ids=dec).logits
+    assert (ours - theirs).abs().max() < 1e-3
+    with pytest.raises(SystemExit, match="holds a model of shape"):
+        init_from_files(SHIPPED, dataclasses.replace(shape, d_ff=64), 2, vocab)
+    with pytest.raises(SystemExit, match="tokenizer differs from vocab.json"):
+        init_from_files(SHIPPED, shape, 2, vocab[::-1])
+    folder = tmp_path / "model"
+    shutil.copytree(SHIPPED, folder)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "d_kv"}))
+    with pytest.raises(SystemExit, match="has no 'd_kv'"):
+        init_from_files(folder, shape, 2, vocab)
