@@ -142,12 +142,10 @@ def model_card(name: str, facts: dict, run: dict) -> str:
     )
 
 
-def beamsearch_eval(models: Sequence[Path], data: Path | None, beams: Sequence[int], threads: int) -> dict:
-    """``beamsearch eval`` of one model or an ensemble: {decoding: {wer, wer_stress, per, inputs_per_s}}."""
-    command = [sys.executable, "-m", "beamsearch", "eval", "--model", str(models[0]), "--quiet",
+def beamsearch_eval(model: Path, data: Path | None, beams: Sequence[int], threads: int) -> dict:
+    """``beamsearch eval`` of one model or an ensemble folder: {decoding: {wer, wer_stress, per, inputs_per_s}}."""
+    command = [sys.executable, "-m", "beamsearch", "eval", "--model", str(model), "--quiet",
                "--threads", str(threads), "--beams", *map(str, beams)]
-    for other in models[1:]:
-        command += ["--ensemble", str(other)]
     if data is not None:
         command += ["--data", str(data)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
@@ -161,6 +159,15 @@ def beamsearch_eval(models: Sequence[Path], data: Path | None, beams: Sequence[i
     if len(rows) != len(beams):
         raise SystemExit(f"could not read the table of {' '.join(command)}:\n{done.stdout}\n{done.stderr}")
     return rows
+
+
+def ensemble_folder(export: Path, members: Sequence[str]) -> Path:
+    """``export/ensemble-0-1-3/ensemble.json`` naming the exported members (``--model`` takes it as an ensemble:
+    log-probabilities averaged, docs/cli.md), so a chosen ensemble ships as one directory."""
+    folder = export / "-".join(["ensemble", *(m.removeprefix("teacher") for m in members)])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ensemble.json").write_text(json.dumps({"members": [f"../{m}" for m in members], "mode": "log"}) + "\n")
+    return folder
 
 
 def rank(result: dict, beam: str) -> tuple:
@@ -206,19 +213,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     beam = f"beam {max(args.beams)}" if max(args.beams) > 1 else "greedy"
     teachers = [n for n in folders if n.startswith("teacher")]
-    groups = {n: [folders[n]] for n in folders}
+    groups = dict(folders)
     sizes = range(3, len(teachers) + 1) if args.subsets else [len(teachers)]
     for k in sizes:
         for combo in itertools.combinations(teachers, k):
             if k >= 2:
-                groups["ensemble(" + ",".join(c.removeprefix("teacher") for c in combo) + ")"] = \
-                    [folders[c] for c in combo]
+                numbers = [c.removeprefix("teacher") for c in combo]
+                groups[f"ensemble({','.join(numbers)})"] = ensemble_folder(args.out / "export", combo)
     dev = {}
-    for name, models in groups.items():
-        dev[name] = beamsearch_eval(models, args.dev, args.beams, args.threads)
+    for name, model in groups.items():
+        dev[name] = beamsearch_eval(model, args.dev, args.beams, args.threads)
         print(f"dev {name}: {dev[name]}", flush=True)
-    singles = [n for n in groups if len(groups[n]) == 1]
-    ensembles = [n for n in groups if len(groups[n]) > 1]
+    singles = [n for n in groups if not n.startswith("ensemble(")]
+    ensembles = [n for n in groups if n.startswith("ensemble(")]
     chosen = {"single": min(singles, key=lambda n: rank(dev[n], beam))}
     if ensembles:
         chosen["ensemble"] = min(ensembles, key=lambda n: rank(dev[n], beam))
