@@ -133,9 +133,10 @@ def check_logits(folder: Path, state: dict[str, torch.Tensor], run: dict) -> Non
 
 def model_card(name: str, facts: dict, run: dict) -> str:
     s = run["shape"]
+    decoder = s.get("decoder_layers") or s["layers"]
     return (
         f"# {name}: a G2P T5 candidate from a GPU run (not the shipped model)\n\n"
-        f"{s['layers']}+{s['layers']} layers, d_model {s['d_model']}, d_ff {s['d_ff']}, {s['heads']} heads; trained by "
+        f"{s['layers']}+{decoder} layers, d_model {s['d_model']}, d_ff {s['d_ff']}, {s['heads']} heads; trained by "
         f"`training/gpu_train.py` on {run.get('gpu') or run.get('device')} (see `training/README.md`).\n\n"
         f"```json\n{json.dumps(facts, indent=1)}\n```\n\n"
         "The license of the data it was trained on is `CMUDICT_LICENSE.txt`.\n"

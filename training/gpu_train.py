@@ -125,7 +125,7 @@ def init_from_files(folder: Path, shape: T5Shape, members: int, vocab: list[str]
     for path in sorted(folder.glob("teacher[0-9]*.safetensors")) + sorted(folder.glob("student.safetensors")):
         with safe_open(str(path), "pt") as f:
             info = json.loads(f.metadata()["g2p"])
-            if info["shape"] != asdict(shape):
+            if T5Shape(**info["shape"]) != shape:
                 raise SystemExit(f"--init: {path} holds a model of shape {info['shape']}, not {asdict(shape)}")
             if vocab is not None and info.get("vocab", vocab) != vocab:
                 raise SystemExit(f"--init: {path} has another vocabulary than {len(vocab)} tokens of vocab.json")
@@ -150,11 +150,11 @@ def init_from_model_dir(folder: Path, shape: T5Shape, members: int, vocab: list[
         theirs = T5Shape(vocab_size=config["vocab_size"], d_model=config["d_model"], d_ff=config["d_ff"],
                          layers=config["num_layers"], heads=config["num_heads"], d_kv=config["d_kv"],
                          buckets=config["relative_attention_num_buckets"],
-                         max_distance=config["relative_attention_max_distance"], eps=config["layer_norm_epsilon"])
+                         max_distance=config["relative_attention_max_distance"], eps=config["layer_norm_epsilon"],
+                         decoder_layers=config.get("num_decoder_layers") or config["num_layers"])
     except KeyError as e:
         raise SystemExit(f"--init: {folder}/config.json has no {e} (a T5 config is expected)") from None
-    same = theirs == shape and config.get("num_decoder_layers", theirs.layers) == theirs.layers and \
-        config.get("feed_forward_proj") == "relu" and config.get("tie_word_embeddings", True)
+    same = theirs == shape and config.get("feed_forward_proj") == "relu" and config.get("tie_word_embeddings", True)
     if not same:
         raise SystemExit(f"--init: {folder} holds a model of shape {asdict(theirs)} "
                          f"({config.get('feed_forward_proj')}), not {asdict(shape)} (relu, tied embeddings)")
@@ -169,16 +169,17 @@ def init_from_model_dir(folder: Path, shape: T5Shape, members: int, vocab: list[
 # ---------------------------------------------------------------------------------------------------- main
 
 
-SHAPE_FIELDS = ("d_model", "d_ff", "layers", "heads", "d_kv")
+SHAPE_FIELDS = ("d_model", "d_ff", "layers", "heads", "d_kv", "decoder_layers")
 
 
 def parse_shape(ap: argparse.ArgumentParser, text: str) -> dict[str, int]:
-    """``D_MODEL,D_FF,LAYERS,HEADS,D_KV`` -> the T5Shape fields, five positive integers."""
+    """``D_MODEL,D_FF,LAYERS,HEADS,D_KV[,DECODER_LAYERS]`` -> the T5Shape fields, positive integers (the decoder as
+    deep as the encoder unless the sixth says otherwise)."""
     values = text.split(",")
-    if len(values) != len(SHAPE_FIELDS) or not all(v.strip().isdigit() and int(v) > 0 for v in values):
-        ap.error(f"--student-shape {text!r}: five positive integers D_MODEL,D_FF,LAYERS,HEADS,D_KV (e.g. "
-                 "192,768,3,6,32)")
-    return dict(zip(SHAPE_FIELDS, map(int, values), strict=True))
+    if len(values) not in (5, 6) or not all(v.strip().isdigit() and int(v) > 0 for v in values):
+        ap.error(f"--student-shape {text!r}: five or six positive integers D_MODEL,D_FF,LAYERS,HEADS,D_KV"
+                 "[,DECODER_LAYERS] (e.g. 192,768,3,6,32)")
+    return {"decoder_layers": 0, **dict(zip(SHAPE_FIELDS, map(int, values), strict=False))}
 
 
 def parse(argv: Sequence[str] | None):
@@ -208,6 +209,8 @@ def parse(argv: Sequence[str] | None):
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--d-ff", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--decoder-layers", type=int, default=0, help="the decoder's depth (0: --layers; decoding time "
+                    "grows with it, the encoder's depth costs little: training/README.md)")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--d-kv", type=int, default=64)
     ap.add_argument("--dropout", type=float, default=0.3)
@@ -225,7 +228,7 @@ def parse(argv: Sequence[str] | None):
     ap.add_argument("--students", type=int, default=2)
     ap.add_argument("--student-alphas", type=float, nargs="+", default=[0.5, 0.8])
     ap.add_argument("--student-init", choices=("best", "scratch"), default="best")
-    ap.add_argument("--student-shape", metavar="D_MODEL,D_FF,LAYERS,HEADS,D_KV",
+    ap.add_argument("--student-shape", metavar="D_MODEL,D_FF,LAYERS,HEADS,D_KV[,DECODER_LAYERS]",
                     help="students of another (smaller, faster to decode) shape than the teachers, trained from "
                          "scratch (with --student-init scratch)")
     ap.add_argument("--student-lr", type=float, default=5e-4)
@@ -286,7 +289,7 @@ def setup(a) -> Run:
         folder.mkdir(parents=True, exist_ok=True)
     vocab = read_vocab(a.data)
     shape = T5Shape(vocab_size=len(vocab), d_model=a.d_model, d_ff=a.d_ff, layers=a.layers, heads=a.heads,
-                    d_kv=a.d_kv)
+                    d_kv=a.d_kv, decoder_layers=a.decoder_layers)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16}[a.dtype]
     model = StackedT5(shape, dtype, device)

@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 def mask_elements(shape: T5Shape, members: int, batch: int, length: int) -> int:
     """How many mask elements one training step of ``members`` x ``batch`` pairs of bucket ``length`` uses: every
     dropout site of :class:`~stacked_t5.StackedT5` (source and target both ``length`` long)."""
-    d, ff, h, n = shape.d_model, shape.d_ff, shape.heads, shape.layers
+    d, ff, h, n, m = shape.d_model, shape.d_ff, shape.heads, shape.layers, shape.dec_layers
     residual = length * d  # embeddings, attention and feed-forward outputs, final norms: [L, d] per pair
     probs = h * length * length  # attention probabilities: [H, L, L] per pair
     encoder = (2 + 2 * n) * residual + n * (probs + length * ff)
-    decoder = (2 + 3 * n) * residual + n * (2 * probs + length * ff)
+    decoder = (2 + 3 * m) * residual + m * (2 * probs + length * ff)
     return members * batch * (encoder + decoder)
 
 

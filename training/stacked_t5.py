@@ -42,16 +42,28 @@ class T5Shape:
     buckets: int = 32
     max_distance: int = 64
     eps: float = 1e-6
+    decoder_layers: int = 0  # 0: as many as the encoder's ``layers`` (the canonical form when they are equal)
+
+    def __post_init__(self):
+        if self.decoder_layers == self.layers:
+            object.__setattr__(self, "decoder_layers", 0)
 
     @property
     def inner(self) -> int:
         return self.heads * self.d_kv
 
+    @property
+    def dec_layers(self) -> int:
+        return self.decoder_layers or self.layers
+
+    def depth(self, stack: str) -> int:
+        return self.layers if stack == "encoder" else self.dec_layers
+
     def hf_config(self) -> dict:
         """The ``T5Config`` fields of the exported model (the shipped model's conventions)."""
         return dict(
             vocab_size=self.vocab_size, d_model=self.d_model, d_kv=self.d_kv, d_ff=self.d_ff, num_layers=self.layers,
-            num_decoder_layers=self.layers, num_heads=self.heads, relative_attention_num_buckets=self.buckets,
+            num_decoder_layers=self.dec_layers, num_heads=self.heads, relative_attention_num_buckets=self.buckets,
             relative_attention_max_distance=self.max_distance, layer_norm_epsilon=self.eps,
             feed_forward_proj="relu", tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
             decoder_start_token_id=PAD, use_cache=True,
@@ -76,7 +88,7 @@ def entries(s: T5Shape) -> list[Entry]:
     out = [Entry("shared", (s.vocab_size, d), (1.0,), True)]
     for stack in ("encoder", "decoder"):
         out.append(Entry(f"{stack}.rel", (s.buckets, s.heads), (d**-0.5,), False))
-        for n in range(s.layers):
+        for n in range(s.depth(stack)):
             p = f"{stack}.{n}."
             out += [Entry(p + "ln0", (d,), (), False), Entry(p + "qkv", (d, 3 * i), (q, kv, kv), True),
                     Entry(p + "o", (i, d), (o,), True)]
@@ -275,7 +287,7 @@ class StackedT5:
         cross_bias = self._flat_bias(mask, b)  # [K * B * H, 1, S]
         memory = enc.to(self.dtype)
         x = drop(self._embed(w, dec))
-        for n in range(self.shape.layers):
+        for n in range(self.shape.dec_layers):
             prefix = f"decoder.{n}."
             x = self._self_attention(w, prefix, x, bias, b, drop)
             q = self._split_heads(torch.bmm(self._norm(x, w[prefix + "ln_x"]), w[prefix + "xq"]), b, 1)[0]
@@ -322,7 +334,7 @@ def hf_state_dict_views(shape: T5Shape, matrices: torch.Tensor, vectors: torch.T
     for stack in ("encoder", "decoder"):
         out[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = named[f"{stack}.rel"]
         out[f"{stack}.final_layer_norm.weight"] = named[f"{stack}.final_ln"]
-        for n in range(shape.layers):
+        for n in range(shape.depth(stack)):
             src, dst = f"{stack}.{n}.", f"{stack}.block.{n}.layer."
             q, k, v = named[src + "qkv"].chunk(3, dim=1)
             ff = 2 if stack == "decoder" else 1

@@ -61,9 +61,12 @@ def test_the_returned_files_leave_the_flat_teachers_file_alone(tmp_path):
 
 def test_a_student_shape_is_five_positive_integers_and_starts_from_scratch():
     a = parse(["--student-shape", "192,768,3,6,32", "--student-init", "scratch"])
-    assert a.student_shape == {"d_model": 192, "d_ff": 768, "layers": 3, "heads": 6, "d_kv": 32}
+    assert a.student_shape == {"d_model": 192, "d_ff": 768, "layers": 3, "heads": 6, "d_kv": 32, "decoder_layers": 0}
+    a = parse(["--student-shape", "192,768,6,6,32,3", "--student-init", "scratch"])
+    assert (a.student_shape["layers"], a.student_shape["decoder_layers"]) == (6, 3)
     assert parse([]).student_shape is None
     for bad in (["--student-shape", "192,768,3", "--student-init", "scratch"],
+                ["--student-shape", "192,768,3,6,32,3,1", "--student-init", "scratch"],
                 ["--student-shape", "192,768,3,0,32", "--student-init", "scratch"],
                 ["--student-shape", "192,768,3,6,32"]):  # --student-init best needs the teachers' shape
         with pytest.raises(SystemExit):
@@ -71,8 +74,9 @@ def test_a_student_shape_is_five_positive_integers_and_starts_from_scratch():
 
 
 def test_students_of_another_shape_are_trained_written_and_exported(tmp_path):
-    """Teachers of one shape, a student of another, on a tiny data folder; the student's file states its own shape
-    and exports to a transformers model whose logits equal the trainer's (finish_gpu_run's check)."""
+    """Teachers of one shape, a student of another (its encoder deeper than its decoder), on a tiny data folder; the
+    student's file states its own shape and exports to a transformers model whose logits equal the trainer's
+    (finish_gpu_run's check)."""
     import json
 
     from finish_gpu_run import DATA, SHIPPED, export, stored_facts
@@ -89,16 +93,17 @@ def test_students_of_another_shape_are_trained_written_and_exported(tmp_path):
     teacher = ["--d-model", "32", "--d-ff", "64", "--layers", "1", "--heads", "2", "--d-kv", "16"]
     main(["--data", str(data), "--out", str(out), "--device", "cpu", "--graphs", "off", "--teachers", "2",
           "--students", "1", "--student-alphas", "0.5", "--student-init", "scratch", "--student-shape",
-          "24,48,2,3,8", "--budget", "30", "--reserve", "1", "--min-student-seconds", "5", "--batch-size", "16",
+          "24,48,2,3,8,1", "--budget", "30", "--reserve", "1", "--min-student-seconds", "5", "--batch-size", "16",
           "--log-every", "10", "--eval-every", "20", "--warmup", "20", *teacher])
     facts = stored_facts(out / "student.safetensors")
-    assert {k: facts["shape"][k] for k in ("d_model", "d_ff", "layers", "heads", "d_kv")} == \
-        {"d_model": 24, "d_ff": 48, "layers": 2, "heads": 3, "d_kv": 8}
+    assert {k: facts["shape"][k] for k in ("d_model", "d_ff", "layers", "heads", "d_kv", "decoder_layers")} == \
+        {"d_model": 24, "d_ff": 48, "layers": 2, "heads": 3, "d_kv": 8, "decoder_layers": 1}
     assert stored_facts(out / "teacher0.safetensors")["shape"]["d_model"] == 32
     run = json.loads((out / "run.json").read_text())
     assert run["student_shape"]["d_model"] == 24 and run["shape"]["d_model"] == 32
     export(out / "student.safetensors", run, tmp_path / "student")  # raises if the logits differ
-    assert json.loads((tmp_path / "student" / "config.json").read_text())["num_layers"] == 2
+    config = json.loads((tmp_path / "student" / "config.json").read_text())
+    assert (config["num_layers"], config["num_decoder_layers"]) == (2, 1)
 
 
 def test_the_teachers_can_start_from_the_shipped_model_directory(tmp_path):

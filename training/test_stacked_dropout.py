@@ -77,7 +77,9 @@ def test_dropout_takes_consecutive_slices():
     assert NO_DROPOUT(x) is x and NO_DROPOUT.used == 0
 
 
-@pytest.mark.parametrize("shape", [SHAPE, T5Shape(vocab_size=101, d_model=16, d_ff=24, layers=3, heads=2, d_kv=4)])
+@pytest.mark.parametrize("shape", [SHAPE, T5Shape(vocab_size=101, d_model=16, d_ff=24, layers=3, heads=2, d_kv=4),
+                                   T5Shape(vocab_size=101, d_model=16, d_ff=24, layers=3, heads=2, d_kv=4,
+                                           decoder_layers=1)])
 def test_mask_elements_counts_every_site(shape):
     """The formula the buffer is sized by equals what the model's dropout sites take (a step checks it too)."""
     k, b, length = 2, 3, 7

@@ -62,30 +62,36 @@ def test_buckets_equal_transformers(bidirectional):
     assert torch.equal(relative_buckets(n, bidirectional, 32, 64), expected)
 
 
-def test_logits_equal_transformers():
+DEEP_ENCODER = T5Shape(vocab_size=101, d_model=32, d_ff=48, layers=3, heads=4, d_kv=8, decoder_layers=1)
+
+
+@pytest.mark.parametrize("shape", [SHAPE, DEEP_ENCODER])
+def test_logits_equal_transformers(shape):
     k = 2
-    matrices, vectors = init_flat(SHAPE, seeds=[11, 12])
-    model = StackedT5(SHAPE)
+    matrices, vectors = init_flat(shape, seeds=[11, 12])
+    model = StackedT5(shape)
     src, dec = batch(k)
     with torch.no_grad():
         w = model.weights(matrices, vectors)
         enc, mask = model.encode(w, src.expand(k, -1, -1))
         logits = model.decode(w, dec.expand(k, -1, -1), enc, mask)  # [K, B, T, V]
     for member in range(k):
-        hf = hf_model(SHAPE, hf_state_dict(SHAPE, matrices[member], vectors[member]))
+        hf = hf_model(shape, hf_state_dict(shape, matrices[member], vectors[member]))
+        assert (hf.config.num_layers, hf.config.num_decoder_layers) == (shape.layers, shape.dec_layers)
         with torch.no_grad():
             expected = hf(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=dec).logits
         torch.testing.assert_close(logits[member], expected, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(logits[0], logits[1])  # the members differ
 
 
-def test_exported_directory_round_trip(tmp_path):
-    matrices, vectors = init_flat(SHAPE, seeds=[5])
-    state = hf_state_dict(SHAPE, matrices[0], vectors[0])
-    hf = hf_model(SHAPE, state)
+@pytest.mark.parametrize("shape", [SHAPE, DEEP_ENCODER])
+def test_exported_directory_round_trip(tmp_path, shape):
+    matrices, vectors = init_flat(shape, seeds=[5])
+    state = hf_state_dict(shape, matrices[0], vectors[0])
+    hf = hf_model(shape, state)
     hf.save_pretrained(tmp_path)
     loaded = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path)
-    back_m, back_v = flat_from_hf(SHAPE, loaded.state_dict())
+    back_m, back_v = flat_from_hf(shape, loaded.state_dict())
     assert torch.equal(back_m, matrices[0]) and torch.equal(back_v, vectors[0])
 
 

@@ -51,6 +51,7 @@ RUN_KEYS = [
     "d_model",
     "d_ff",
     "layers",
+    "decoder_layers",
     "heads",
     "d_kv",
     "dropout",
@@ -124,7 +125,7 @@ def make_config(a: argparse.Namespace, vocab_size: int):
         d_kv=a.d_kv,
         d_ff=a.d_ff,
         num_layers=a.layers,
-        num_decoder_layers=a.layers,
+        num_decoder_layers=a.decoder_layers or a.layers,
         num_heads=a.heads,
         relative_attention_num_buckets=32,
         relative_attention_max_distance=64,
@@ -333,7 +334,8 @@ def train(a) -> None:
     n_par = n_params(model)
     steps_per_epoch = math.ceil(len(data) / a.batch_size)
     log(
-        f"T5 d_model={a.d_model} d_ff={a.d_ff} layers={a.layers}+{a.layers} heads={a.heads} d_kv={a.d_kv} "
+        f"T5 d_model={a.d_model} d_ff={a.d_ff} layers={a.layers}+{a.decoder_layers or a.layers} heads={a.heads} "
+        f"d_kv={a.d_kv} "
         f"vocab={len(tok)} params={n_par:,}; {len(data):,} train pairs, {steps_per_epoch} steps/epoch "
         f"(batch {a.batch_size}); total_steps={a.total_steps}; threads={torch.get_num_threads()}; device={device}"
     )
@@ -750,6 +752,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--d-model", type=int, default=192)
     ap.add_argument("--d-ff", type=int, default=768)
     ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--decoder-layers", type=int, default=0, help="the decoder's depth (0: --layers)")
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--d-kv", type=int, default=32)
     ap.add_argument("--dropout", type=float, default=0.1)
