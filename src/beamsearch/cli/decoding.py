@@ -55,10 +55,11 @@ def load_model(path: str | None, device: str, lowercase: bool | None, eager_atte
     if not is_ensemble_folder(folder):
         return load_one(folder, f"--model {folder}", device, lowercase, eager_attention, int8)
     spec = read_ensemble_file(folder)
-    m, *others = (load_one(member, f"--model {folder}: its member {member}", device, lowercase, eager_attention, int8)
-                  for member in spec.members)
-    for member, other in zip(spec.members[1:], others, strict=True):
-        join(m, other, f"--model {folder}: its member {member}")
+    names = [f"--model {folder}: its member {member}" for member in spec.members]
+    m, *others = (load_one(member, name, device, lowercase, eager_attention, int8)
+                  for member, name in zip(spec.members, names, strict=True))
+    for name, other in zip(names[1:], others, strict=True):
+        join(m, other, name)
     m.ensemble_mode = spec.mode or m.ensemble_mode
     return m
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .ensemble_file import is_ensemble_folder, read_ensemble_file
 from .flags import DEFAULT_TRACE_BEAMS, generation_options
 from .inputs import CLIError, Line, check_readable, read_lines
 from .lengths import capped
@@ -22,10 +23,11 @@ def run_trace(args: argparse.Namespace) -> int:
     from ..trace_html import write_html
     from .decoding import encode, input_limit, load_model, report_long_inputs
 
+    if args.model is not None and is_ensemble_folder(Path(args.model)):  # refused before any member is loaded
+        members = len(read_ensemble_file(Path(args.model)).members)
+        raise CLIError(f"trace records one model's search: --model {args.model} is an ensemble of {members} (trace "
+                       "one of its members)")
     m = load_model(args.model, args.device, args.lowercase, int8=args.int8)
-    if m.ensemble:
-        raise CLIError(f"trace records one model's search: --model {args.model} is an ensemble of "
-                       f"{len(m.ensemble) + 1} (trace one of its members)")
     if args.seed is not None:
         torch.manual_seed(args.seed)
     options = generation_options(args)
