@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stacked_data import encode_word  # noqa: E402
+from stacked_data import encode_word, tokenizer_vocab  # noqa: E402
 from stacked_t5 import PAD, StackedT5, T5Shape, flat_from_hf  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -77,8 +77,7 @@ def export(weights: Path, run: dict, folder: Path) -> dict:
     from safetensors.torch import load_file
     from transformers import T5Config, T5ForConditionalGeneration
 
-    vocab = json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
-    if [t for t, _ in sorted(vocab.items(), key=lambda item: item[1])] != run["vocab"]:
+    if tokenizer_vocab(SHIPPED / "tokenizer.json") != run["vocab"]:
         raise SystemExit(f"{weights}: the run's vocabulary differs from the shipped tokenizer's")
     state = {name: w.float() for name, w in load_file(str(weights)).items()}
     run = own_shape(weights, run)

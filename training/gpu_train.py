@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stacked_data import BucketedData, DevSet, read_dev, read_pairs, read_vocab  # noqa: E402
+from stacked_data import BucketedData, DevSet, read_dev, read_pairs, read_vocab, tokenizer_vocab  # noqa: E402
 from stacked_phase import STOP, Curve, Settings, dev_keys, key, run_phase  # noqa: E402
 from stacked_step import Objective, StackTrainer  # noqa: E402
 from stacked_t5 import StackedT5, T5Shape, flat_from_hf, group_sizes, hf_state_dict, init_flat  # noqa: E402
@@ -147,21 +147,16 @@ def init_from_model_dir(folder: Path, shape: T5Shape, members: int, vocab: list[
 
     config = json.loads((folder / "config.json").read_text())
     try:
-        theirs = T5Shape(vocab_size=config["vocab_size"], d_model=config["d_model"], d_ff=config["d_ff"],
-                         layers=config["num_layers"], heads=config["num_heads"], d_kv=config["d_kv"],
-                         buckets=config["relative_attention_num_buckets"],
-                         max_distance=config["relative_attention_max_distance"], eps=config["layer_norm_epsilon"],
-                         decoder_layers=config.get("num_decoder_layers") or config["num_layers"])
+        theirs = T5Shape.from_hf_config(config)
     except KeyError as e:
         raise SystemExit(f"--init: {folder}/config.json has no {e} (a T5 config is expected)") from None
     same = theirs == shape and config.get("feed_forward_proj") == "relu" and config.get("tie_word_embeddings", True)
     if not same:
         raise SystemExit(f"--init: {folder} holds a model of shape {asdict(theirs)} "
                          f"({config.get('feed_forward_proj')}), not {asdict(shape)} (relu, tied embeddings)")
-    if vocab is not None and (folder / "tokenizer.json").is_file():
-        theirs_vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
-        if sorted(theirs_vocab, key=theirs_vocab.get) != vocab:
-            raise SystemExit(f"--init: {folder}'s tokenizer differs from vocab.json")
+    tokenizer = folder / "tokenizer.json"
+    if vocab is not None and tokenizer.is_file() and tokenizer_vocab(tokenizer) != vocab:
+        raise SystemExit(f"--init: {folder}'s tokenizer differs from vocab.json")
     matrices, vectors = flat_from_hf(shape, load_file(str(folder / "model.safetensors")))
     return matrices.repeat(members, 1), vectors.repeat(members, 1), [folder.name] * members
 

@@ -42,6 +42,12 @@ def read_vocab(folder: Path) -> list[str]:
     return json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
 
 
+def tokenizer_vocab(path: Path) -> list[str]:
+    """The tokens of a ``tokenizer.json`` (a word-level vocabulary) in id order, as ``vocab.json`` lists them."""
+    vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
+    return sorted(vocab, key=vocab.get)
+
+
 def encode_word(word: str, index: dict[str, int]) -> list[int]:
     return [index.get(c, UNK) for c in word] + [EOS]
 

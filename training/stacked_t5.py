@@ -69,6 +69,15 @@ class T5Shape:
             decoder_start_token_id=PAD, use_cache=True,
         )
 
+    @classmethod
+    def from_hf_config(cls, config: dict) -> T5Shape:
+        """The shape of a ``T5Config`` (``config.json``'s fields); KeyError for a field it lacks."""
+        return cls(vocab_size=config["vocab_size"], d_model=config["d_model"], d_ff=config["d_ff"],
+                   layers=config["num_layers"], heads=config["num_heads"], d_kv=config["d_kv"],
+                   buckets=config["relative_attention_num_buckets"],
+                   max_distance=config["relative_attention_max_distance"], eps=config["layer_norm_epsilon"],
+                   decoder_layers=config.get("num_decoder_layers") or config["num_layers"])
+
 
 @dataclass(frozen=True)
 class Entry:

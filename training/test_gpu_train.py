@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_train import init_from_files, parse, save_member  # noqa: E402
+from stacked_data import tokenizer_vocab  # noqa: E402
 from stacked_fixtures import SHAPE  # noqa: E402
 from stacked_t5 import init_flat  # noqa: E402
 
@@ -84,8 +85,7 @@ def test_students_of_another_shape_are_trained_written_and_exported(tmp_path):
 
     data = tmp_path / "data"
     data.mkdir()
-    vocab = json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
-    (data / "vocab.json").write_text(json.dumps(sorted(vocab, key=vocab.get)))
+    (data / "vocab.json").write_text(json.dumps(tokenizer_vocab(SHIPPED / "tokenizer.json")))
     pairs = [line.split("\t")[:2] for line in (DATA / "test.tsv").read_text().splitlines()[:600]]
     (data / "train.tsv").write_text("".join(f"{w}\t{p}\n" for w, p in pairs))
     (data / "dev.tsv").write_text("".join((DATA / "dev.tsv").read_text().splitlines(keepends=True)[:20]))
@@ -119,8 +119,8 @@ def test_the_teachers_can_start_from_the_shipped_model_directory(tmp_path):
     config = json.loads((SHIPPED / "config.json").read_text())
     shape = T5Shape(vocab_size=config["vocab_size"], d_model=config["d_model"], d_ff=config["d_ff"],
                     layers=config["num_layers"], heads=config["num_heads"], d_kv=config["d_kv"])
-    vocab_map = json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
-    vocab = sorted(vocab_map, key=vocab_map.get)
+    vocab = tokenizer_vocab(SHIPPED / "tokenizer.json")
+    vocab_map = {token: i for i, token in enumerate(vocab)}
     matrices, vectors, names = init_from_files(SHIPPED, shape, 2, vocab)
     assert names == [SHIPPED.name] * 2 and torch.equal(matrices[0], matrices[1])
     src = torch.tensor([[vocab_map[c] for c in "hello"] + [1]])
