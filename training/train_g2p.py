@@ -65,6 +65,7 @@ RUN_KEYS = [
     "weight_decay",
     "clip",
     "init_from",
+    "grow",
     "time_schedule",
     "bf16",
 ]
@@ -175,20 +176,46 @@ def set_training_dropout(model, p: float, ff_p: float) -> None:
                 setattr(mod, child_name, FastDropout(ff_p if inside_ff else p))
 
 
-def init_weights(model, tok, model_dir: Path) -> None:
-    """Warm start: load the weights of an exported model directory (same tokenizer and architecture)."""
+def init_weights(model, tok, model_dir: Path, grow: bool = False) -> None:
+    """Warm start: load the weights of an exported model directory (same tokenizer and architecture).
+
+    With ``grow``, the model may have more encoder or decoder layers than the saved one: the saved layers fill the
+    first positions and each extra layer keeps its fresh initialisation except its output projections (attention
+    ``o``, feed-forward ``wo``), which start at zero, so every extra layer adds nothing to the residual stream and
+    the grown model computes exactly what the saved one computes until training moves them.
+    """
     from safetensors.torch import load_file
 
     saved_vocab = json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"]
     if saved_vocab != tok.get_vocab():
         raise SystemExit(f"--init-from {model_dir}: its tokenizer differs from the one built from the data")
     weights = {k: v.float() for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    if grow:
+        weights = grown_weights(model, weights, model_dir)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = ("lm_head.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise SystemExit(f"--init-from {model_dir}: missing {missing}, unexpected {unexpected}")
-    log(f"initialised from {model_dir}")
+    log(f"initialised from {model_dir}" + (" (grown: extra layers start as the identity)" if grow else ""))
+
+
+def grown_weights(model, weights: dict, model_dir: Path) -> dict:
+    """``weights`` completed with identity layers for the blocks ``model`` has beyond the saved ones."""
+    own = model.state_dict()
+    out = dict(weights)
+    for stack in ("encoder", "decoder"):
+        saved = len({k.split(".")[2] for k in weights if k.startswith(f"{stack}.block.")})
+        wanted = len(getattr(model, stack).block)
+        if saved > wanted:
+            raise SystemExit(f"--init-from {model_dir}: its {stack} has {saved} layers, more than the {wanted} asked")
+        for i in range(saved, wanted):
+            prefix = f"{stack}.block.{i}."
+            for k, v in own.items():
+                if k.startswith(prefix):
+                    zero = k.endswith((".o.weight", ".wo.weight"))
+                    out[k] = torch.zeros_like(v) if zero else v.clone()
+    return out
 
 
 def n_params(model) -> int:
@@ -328,7 +355,7 @@ def train(a) -> None:
     lengths = [len(s) + len(t) for s, t in data]
     model = make_model(a, len(tok))
     if a.init_from and not resume:
-        init_weights(model, tok, Path(a.init_from))
+        init_weights(model, tok, Path(a.init_from), grow=a.grow)
     set_training_dropout(model, a.dropout, a.ff_dropout)
     model.to(device)
     n_par = n_params(model)
@@ -555,7 +582,7 @@ Inputs must be lowercase (the alphabet is `a-z`, apostrophe, hyphen, period; any
 
 ## Model
 
-* Architecture: T5 encoder-decoder (`T5ForConditionalGeneration`), {layers} encoder + {layers} decoder layers,
+* Architecture: T5 encoder-decoder (`T5ForConditionalGeneration`), {layers} encoder + {dec_layers} decoder layers,
   d_model {d_model}, d_ff {d_ff} (ReLU), {heads} heads of d_kv {d_kv}, relative position buckets 32
   (max distance 64), tied input/output embeddings. Training dropout: {dropout} on embeddings, residual branches
   and attention probabilities, {ff_dropout} inside the feed-forward blocks.
@@ -695,6 +722,7 @@ def export(a) -> None:
     n_par = n_params(model)
     card = MODEL_CARD.format(
         **saved,
+        dec_layers=saved.get("decoder_layers") or saved["layers"],
         n_params=n_par,
         n_params_m=n_par / 1e6,
         size_mb=(out / "model.safetensors").stat().st_size / 1e6,
@@ -766,7 +794,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--init-from", default="", help="warm start from an exported model directory")
+    ap.add_argument("--grow", action="store_true",
+                    help="with --init-from: the model may be deeper than the saved one; the extra layers start as the "
+                         "identity (zero output projections), so training starts from the saved model's function")
     a = ap.parse_args(argv)
+    if a.grow and not a.init_from:
+        ap.error("--grow needs --init-from")
     if a.export:
         export(a)
     else:
