@@ -18,7 +18,10 @@ Decodes the first ``--words`` test words (lowercased, as the CLI feeds the embed
   activations);
 - ``ct2-fp32`` / ``ct2-int8``: CTranslate2 on the same model converted by its own converter (``beam_size``,
   ``max_decoding_length`` as ours; its patience 1 stops a beam search at K finished hypotheses, never later
-  than ours).
+  than ours);
+- ``candidate`` (with ``--candidate DIR``): ours on another model directory of the same tokenizer, for example a
+  newly trained G2P model, with its time over ``ours`` on the shipped one in the ``/ CT2`` column's place (issue
+  38's limit: at most 1.5x).
 
 Timing: ``--repeats`` rounds after a warm-up round; each round runs every engine once, in turn, so that a busy
 moment of the machine spreads over all of them. Columns: the median round's seconds and the spread (fastest and
@@ -28,7 +31,7 @@ kernels) and CTranslate2's (same precision), and the WER without stress against 
 machine's load average is printed before and after.
 
     .venv/bin/python benchmarks/g2p_speed.py [--words 512] [--batch 64] [--beams 5] [--threads 1] [--repeats 5]
-        [--unsorted] [--engines ours,ct2-fp32,...] [--no-hf]
+        [--unsorted] [--engines ours,ct2-fp32,...] [--no-hf] [--candidate MODEL_DIR]
 
 Prints a markdown table. Nothing is written except CTranslate2's converted models (in a temporary directory).
 """
@@ -172,10 +175,15 @@ def main(argv=None) -> None:
     parser.add_argument("--unsorted", action="store_true", help="batches in file order (the CLI sorts by length)")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
     parser.add_argument("--no-hf", action="store_true", help="leave transformers' generate out (the slowest)")
+    parser.add_argument("--candidate", type=Path, help="also time ours on this model directory, against ours")
     args = parser.parse_args(argv)
     names = [name for name in args.engines.split(",") if name and not (args.no_hf and name == "hf")]
     if not set(names) <= set(ENGINES):
         parser.error(f"--engines: a subset of {ENGINES}")
+    if args.candidate is not None:
+        if not (args.candidate / "config.json").is_file():
+            parser.error(f"--candidate {args.candidate}: not a model directory (no config.json)")
+        names += [name for name in ("ours", "candidate") if name not in names]
     torch.set_num_threads(args.threads)
     import transformers
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -187,6 +195,11 @@ def main(argv=None) -> None:
     model = AutoModelForSeq2SeqLM.from_pretrained(G2P_DIR, dtype=torch.float32).eval()
     quantized = quantize_int8(model) if {"ours-int8", "ours-int8-eager"} & set(names) else None
     tokenizer = AutoTokenizer.from_pretrained(G2P_DIR)
+    candidate = None
+    if args.candidate is not None:
+        candidate = AutoModelForSeq2SeqLM.from_pretrained(args.candidate, dtype=torch.float32).eval()
+        if AutoTokenizer.from_pretrained(args.candidate).get_vocab() != tokenizer.get_vocab():
+            parser.error(f"--candidate {args.candidate}: its tokenizer differs from the shipped model's")
     entries = read_references(WORDS)[: args.words]
     if not args.unsorted:
         entries = sorted(entries, key=lambda entry: len(entry[0]))
@@ -203,7 +216,8 @@ def main(argv=None) -> None:
               f"interleaved rounds; load average before: {load()}")
         for note in notes:
             print(note)
-        print("\n| search | engine | s | spread s | words/s | / CT2 same precision | = lean | = CT2 same precision "
+        print("\n| search | engine | s | spread s | words/s | / CT2 same precision (candidate: / ours) | = lean "
+              "| = CT2 same precision (candidate: = ours) "
               "| WER % |")
         print("|---|---|---:|---|---:|---:|---:|---:|---:|")
         verdicts = []
@@ -211,6 +225,8 @@ def main(argv=None) -> None:
         def make_engine(name: str, beams: int):
             if name == "hf":
                 return hf_engine(model, tokenizer, batches, beams)
+            if name == "candidate":
+                return ours_engine(candidate, tokenizer, batches, beams)
             if name.startswith("ct2"):
                 return ct2_engine(translators[name], tokenizer, batches, beams, max_new_tokens)
             step = {"ours": {}, "ours-pysearch": {"native_search": False}, "ours-eager": {"native": False},
@@ -226,7 +242,7 @@ def main(argv=None) -> None:
                 search = "greedy" if beams == 1 else f"beam {beams}"
                 seconds = {name: statistics.median(times) for name, times in rounds.items()}
                 for name in engines:
-                    ct2 = f"ct2-{precision(name)}"
+                    ct2 = "ours" if name == "candidate" else f"ct2-{precision(name)}"
                     ratio = seconds[name] / seconds[ct2] if ct2 in seconds else None
                     same = {other: (sum(a == b for a, b in zip(outputs[name], outputs[other], strict=True))
                                     if other in outputs else None) for other in ("ours-lean", ct2)}
