@@ -704,6 +704,11 @@ def export(a) -> None:
         earlier = [[{**r, "stage": n} for r in read_log(path)] for n, path in enumerate(PREVIOUS_STAGES, 1)]
         count = len(PREVIOUS_STAGES) + 1
         stages = STAGES_NOTE.format(count=count)
+        if saved.get("grow"):
+            stages = stages.rstrip() + (
+                " It grew the model it started from (`--grow`): the layers beyond that model's started with zero"
+                f" output projections, so stage {count} began computing exactly what that model computes.\n\n"
+            )
         rows = [r for stage in earlier for r in stage] + [{**r, "stage": count} for r in rows]
     else:
         rows = [{**r, "stage": 1} for r in rows]
