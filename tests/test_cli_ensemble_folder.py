@@ -148,3 +148,22 @@ def test_an_ensemble_folder_is_not_an_ensemble_member_or_a_trace(folder, tmp_pat
     assert f"--ensemble {folder}: an ensemble folder (ensemble.json); give it as --model" in capsys.readouterr().err
     assert main(["trace", "hello", "--model", str(folder)]) == 2
     assert f"--model {folder} is an ensemble of 2 (trace one of its members)" in capsys.readouterr().err
+
+
+def test_ensemble_members_load_with_the_attention_that_alignments_need(folder, tmp_path, capsys):
+    """--alignments (and coverage penalties) average every member's attention, so --ensemble members load with eager
+    attention as the main model does: the alignment is search_ensemble's on eagerly loaded members."""
+    source = tmp_path / "in.txt"
+    source.write_text("hello\n")
+    flags = ["--model", str(folder / "a"), "--ensemble", str(folder / "b"), "--num-beams", "3"]
+    assert main(["decode", str(source), "--quiet", "--format", "jsonl", "--alignments", *flags]) == 0
+    best = json.loads(capsys.readouterr().out)["hypotheses"][0]
+    tok = AutoTokenizer.from_pretrained(folder / "a")
+    models = [AutoModelForSeq2SeqLM.from_pretrained(folder / name, attn_implementation="eager").eval()
+              for name in ("a", "b")]
+    result = search_ensemble(models, **tok(["hello"], return_tensors="pt"), num_beams=3, output_alignments=True)
+    generated = result.sequences[0, 0, 1 : int(result.lengths[0, 0])].tolist()  # after the decoder start token
+    assert best["tokens"] == generated
+    expected = result.alignments[0, 0, : len(generated)]
+    assert torch.allclose(torch.tensor(best["alignment"]), expected, atol=1e-5)
+    assert torch.allclose(expected.sum(-1), torch.ones(len(generated)), atol=1e-4)  # rows sum to 1 over the source

@@ -304,15 +304,16 @@ def report_long_inputs(m: Model, limit: int | None, on_long: str) -> None:
               "--on-long error refuses them instead", file=sys.stderr)
 
 
-def add_ensemble(m: Model, args: argparse.Namespace) -> None:
-    """Load the --ensemble directories next to the main model; they must share its tokenizer. ``--ensemble-mode``
-    overrides an ensemble folder's mode."""
+def add_ensemble(m: Model, args: argparse.Namespace, eager_attention: bool = False) -> None:
+    """Load the --ensemble directories next to the main model; they must share its tokenizer, and load with its
+    attention setting (``eager_attention``: alignments and coverage penalties average every member's attention).
+    ``--ensemble-mode`` overrides an ensemble folder's mode."""
     for folder in args.ensemble:
         if is_ensemble_folder(Path(folder)):
             raise CLIError(f"--ensemble {folder}: an ensemble folder ({ENSEMBLE_FILE}); give it as --model, or its "
                            "members as --ensemble")
         name = f"--ensemble {folder}"
-        join(m, load_one(Path(folder), name, args.device, m.lowercase, False, args.int8), name)
+        join(m, load_one(Path(folder), name, args.device, m.lowercase, eager_attention, args.int8), name)
     m.ensemble_mode = args.ensemble_mode or m.ensemble_mode
 
 
@@ -328,7 +329,7 @@ def prepare_decode(args: argparse.Namespace) -> tuple[Model, dict[str, Any], int
     length limit (the single process and each ``--ray`` worker prepare them here alike)."""
     eager = args.coverage_penalty not in (None, "none") or args.alignments or args.replace_unk
     m = load_model(args.model, args.device, args.lowercase, eager_attention=eager, int8=args.int8)
-    add_ensemble(m, args)
+    add_ensemble(m, args, eager)
     m.unfinished_last = args.unfinished == "last"
     if args.seed is not None:
         torch.manual_seed(args.seed)

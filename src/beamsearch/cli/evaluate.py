@@ -34,9 +34,9 @@ def run_eval(args: argparse.Namespace) -> int:
     if not entries:
         raise CLIError(f"--data {path}: no examples")
     options = generation_options(args)
-    m = load_model(args.model, args.device, args.lowercase,
-                   eager_attention=options.get("coverage_penalty", "none") != "none", int8=args.int8)
-    add_ensemble(m, args)
+    eager = options.get("coverage_penalty", "none") != "none"
+    m = load_model(args.model, args.device, args.lowercase, eager_attention=eager, int8=args.int8)
+    add_ensemble(m, args, eager)
     m.unfinished_last = args.unfinished == "last"
     if args.seed is not None:
         import torch
