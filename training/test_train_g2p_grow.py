@@ -26,8 +26,8 @@ def shipped():
     return AutoTokenizer.from_pretrained(SHIPPED), T5ForConditionalGeneration.from_pretrained(SHIPPED).eval()
 
 
-def deeper(layers: int, decoder_layers: int, tok, grow: bool = True):
-    a = argparse.Namespace(d_model=192, d_ff=768, layers=layers, decoder_layers=decoder_layers, heads=6, d_kv=32,
+def deeper(layers: int, decoder_layers: int, tok, grow: bool = True, d_ff: int = 768, d_model: int = 192):
+    a = argparse.Namespace(d_model=d_model, d_ff=d_ff, layers=layers, decoder_layers=decoder_layers, heads=6, d_kv=32,
                            dropout=0.1, seed=7)
     model = make_model(a, len(tok))
     init_weights(model, tok, SHIPPED, grow=grow)
@@ -56,6 +56,17 @@ def test_a_grown_model_computes_what_the_saved_one_computes(layers, decoder_laye
     assert extra.layer[0].SelfAttention.q.weight.abs().sum() > 0  # the rest is a fresh initialisation
 
 
+def test_a_wider_feed_forward_computes_what_the_saved_one_computes():
+    tok, ref = shipped()
+    model = deeper(4, 3, tok, d_ff=1024).eval()
+    ff = model.decoder.block[0].layer[2].DenseReluDense
+    saved = ref.decoder.block[0].layer[2].DenseReluDense
+    assert torch.equal(ff.wi.weight[:768], saved.wi.weight) and torch.equal(ff.wo.weight[:, :768], saved.wo.weight)
+    assert ff.wo.weight[:, 768:].abs().sum() == 0 and ff.wi.weight[768:].abs().sum() > 0
+    # the extra units add zeros, but to longer products than the saved model's: equal to float rounding only
+    assert torch.allclose(logits(model, tok), logits(ref, tok), atol=1e-4, rtol=0)
+
+
 def test_the_extra_layers_learn_from_the_first_steps():
     tok, _ = shipped()
     model = deeper(4, 3, tok)
@@ -81,3 +92,5 @@ def test_a_deeper_model_without_grow_and_a_shallower_one_are_refused():
         deeper(4, 3, tok, grow=False)
     with pytest.raises(SystemExit, match="encoder has 3 layers, more than the 2 asked"):
         deeper(2, 3, tok)
+    with pytest.raises(SystemExit, match="adds layers and feed-forward units only"):
+        deeper(3, 3, tok, d_ff=512)

@@ -179,10 +179,12 @@ def set_training_dropout(model, p: float, ff_p: float) -> None:
 def init_weights(model, tok, model_dir: Path, grow: bool = False) -> None:
     """Warm start: load the weights of an exported model directory (same tokenizer and architecture).
 
-    With ``grow``, the model may have more encoder or decoder layers than the saved one: the saved layers fill the
-    first positions and each extra layer keeps its fresh initialisation except its output projections (attention
-    ``o``, feed-forward ``wo``), which start at zero, so every extra layer adds nothing to the residual stream and
-    the grown model computes exactly what the saved one computes until training moves them.
+    With ``grow``, the model may have more encoder or decoder layers than the saved one, or a larger ``d_ff``: the
+    saved layers fill the first positions and each extra layer keeps its fresh initialisation except its output
+    projections (attention ``o``, feed-forward ``wo``), which start at zero, so every extra layer adds nothing to the
+    residual stream; extra feed-forward units get zero output weights alike. The grown model computes what the saved
+    one computes (bit for bit with extra layers only; to float rounding with extra units, whose products are longer)
+    until training moves them.
     """
     from safetensors.torch import load_file
 
@@ -201,7 +203,9 @@ def init_weights(model, tok, model_dir: Path, grow: bool = False) -> None:
 
 
 def grown_weights(model, weights: dict, model_dir: Path) -> dict:
-    """``weights`` completed with identity layers for the blocks ``model`` has beyond the saved ones."""
+    """``weights`` completed for a deeper or wider-feed-forward ``model``: identity layers for the blocks beyond the
+    saved ones, and for a larger ``d_ff`` the saved units first, the new ones with fresh input weights (``wi``) and
+    zero output weights (``wo``), so that they add nothing until training moves them."""
     own = model.state_dict()
     out = dict(weights)
     for stack in ("encoder", "decoder"):
@@ -215,6 +219,16 @@ def grown_weights(model, weights: dict, model_dir: Path) -> dict:
                 if k.startswith(prefix):
                     zero = k.endswith((".o.weight", ".wo.weight"))
                     out[k] = torch.zeros_like(v) if zero else v.clone()
+    for k, v in weights.items():
+        if k not in own or own[k].shape == v.shape:
+            continue
+        axis = {".wi.weight": 0, ".wo.weight": 1}.get(k[k.rindex(".", 0, k.rindex(".")) :])
+        if axis is None or v.shape[axis] > own[k].shape[axis] or v.shape[1 - axis] != own[k].shape[1 - axis]:
+            raise SystemExit(f"--init-from {model_dir}: {k} is {tuple(v.shape)}, the model's {tuple(own[k].shape)}; "
+                             "--grow adds layers and feed-forward units only")
+        grown = own[k].clone() if axis == 0 else torch.zeros_like(own[k])
+        grown.narrow(axis, 0, v.shape[axis]).copy_(v)
+        out[k] = grown
     return out
 
 
