@@ -16,9 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_g2p import mean_weights  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parent.parent / "src" / "beamsearch" / "models" / "g2p_cmudict"
 COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "CMUDICT_LICENSE.txt")
@@ -55,7 +59,7 @@ def main(argv=None) -> None:
         if not 2 <= n <= len(snaps):
             parser.error(f"--average {n}: {len(snaps)} snapshots in {args.run / 'snap'}")
         states = [load(path) for path in snaps[-n:]]
-        candidates[f"avg{n}"] = {k: sum(s["model"][k].float() for s in states) / n for k in states[0]["model"]}
+        candidates[f"avg{n}"] = mean_weights(states)
         print(f"avg{n}: the mean of steps {[s['state']['step'] for s in states]}")
     for name, state in candidates.items():
         write(state, best["config"], args.out / name)

@@ -647,6 +647,11 @@ Reproduce: `.venv/bin/python training/eval_g2p.py src/beamsearch/models/g2p_cmud
 """
 
 
+def mean_weights(checkpoints: list[dict]) -> dict:
+    """The mean of the checkpoints' model weights, in float32."""
+    return {k: sum(c["model"][k].float() for c in checkpoints) / len(checkpoints) for k in checkpoints[0]["model"]}
+
+
 def choose_average(model, ck: dict, tok, split, paths: list[Path]) -> str:
     """Average the weights of the last checkpoints; keep the average if its dev WER beats the best checkpoint's.
 
@@ -656,7 +661,7 @@ def choose_average(model, ck: dict, tok, split, paths: list[Path]) -> str:
         log(f"--average: only {len(paths)} snapshots in run_dir/snap; keeping the best checkpoint")
         return ""
     states = [torch.load(p, map_location="cpu", weights_only=False) for p in paths]
-    mean = {k: sum(st["model"][k].float() for st in states) / len(states) for k in states[0]["model"]}
+    mean = mean_weights(states)
     best = ck["best"]
     model.load_state_dict(mean)
     model.eval()
@@ -816,8 +821,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--init-from", default="", help="warm start from an exported model directory")
     ap.add_argument("--grow", action="store_true",
-                    help="with --init-from: the model may be deeper than the saved one; the extra layers start as the "
-                         "identity (zero output projections), so training starts from the saved model's function")
+                    help="with --init-from: the model may be deeper or have a larger d_ff than the saved one; extra "
+                         "layers and units start with zero output weights, so training starts from the saved model's "
+                         "function")
     a = ap.parse_args(argv)
     if a.grow and not a.init_from:
         ap.error("--grow needs --init-from")
