@@ -83,8 +83,10 @@ def _generate(models, record):
     case = {k: v for k, v in record["case"].items() if k not in ("words", "input_ids", "attention_mask")}
     inputs = torch.tensor(record["case"]["input_ids"])
     mask = torch.tensor(record["case"]["attention_mask"])
+    # transformers 4.x knows nothing of the embedded model's loop guard and source-tied length limit (its
+    # generation_config's beamsearch keys), so they are off here as they were for the reference
     out = beamsearch.generate(models[record["model"]], input_ids=inputs, attention_mask=mask, output_scores=True,
-                              return_dict_in_generate=True, **case)
+                              return_dict_in_generate=True, loop_guard=0, max_len_a=0.0, max_len_b=None, **case)
     return case, inputs, out
 
 
