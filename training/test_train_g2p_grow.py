@@ -7,6 +7,7 @@ one computes, run by hand with the trainer's other tests:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_g2p import DEFAULT_EXPORT_DIR, init_weights, make_model, set_training_dropout  # noqa: E402
 
 SHIPPED = DEFAULT_EXPORT_DIR
+D_FF = json.loads((SHIPPED / "config.json").read_text())["d_ff"]  # the shipped model's feed-forward width
 
 
 def shipped():
@@ -26,7 +28,7 @@ def shipped():
     return AutoTokenizer.from_pretrained(SHIPPED), T5ForConditionalGeneration.from_pretrained(SHIPPED).eval()
 
 
-def deeper(layers: int, decoder_layers: int, tok, grow: bool = True, d_ff: int = 768, d_model: int = 192):
+def deeper(layers: int, decoder_layers: int, tok, grow: bool = True, d_ff: int = D_FF, d_model: int = 192):
     a = argparse.Namespace(d_model=d_model, d_ff=d_ff, layers=layers, decoder_layers=decoder_layers, heads=6, d_kv=32,
                            dropout=0.1, seed=7)
     model = make_model(a, len(tok))
@@ -58,11 +60,11 @@ def test_a_grown_model_computes_what_the_saved_one_computes(layers, decoder_laye
 
 def test_a_wider_feed_forward_computes_what_the_saved_one_computes():
     tok, ref = shipped()
-    model = deeper(4, 3, tok, d_ff=1024).eval()
+    model = deeper(4, 3, tok, d_ff=D_FF + 256).eval()
     ff = model.decoder.block[0].layer[2].DenseReluDense
     saved = ref.decoder.block[0].layer[2].DenseReluDense
-    assert torch.equal(ff.wi.weight[:768], saved.wi.weight) and torch.equal(ff.wo.weight[:, :768], saved.wo.weight)
-    assert ff.wo.weight[:, 768:].abs().sum() == 0 and ff.wi.weight[768:].abs().sum() > 0
+    assert torch.equal(ff.wi.weight[:D_FF], saved.wi.weight) and torch.equal(ff.wo.weight[:, :D_FF], saved.wo.weight)
+    assert ff.wo.weight[:, D_FF:].abs().sum() == 0 and ff.wi.weight[D_FF:].abs().sum() > 0
     # the extra units add zeros, but to longer products than the saved model's: equal to float rounding only
     assert torch.allclose(logits(model, tok), logits(ref, tok), atol=1e-4, rtol=0)
 
@@ -93,4 +95,4 @@ def test_a_deeper_model_without_grow_and_a_shallower_one_are_refused():
     with pytest.raises(SystemExit, match="encoder has 3 layers, more than the 2 asked"):
         deeper(2, 3, tok)
     with pytest.raises(SystemExit, match="adds layers and feed-forward units only"):
-        deeper(3, 3, tok, d_ff=512)
+        deeper(3, 3, tok, d_ff=D_FF // 2)
