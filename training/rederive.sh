@@ -2,7 +2,7 @@
 # Re-derive every figure the docs quote from the embedded model's weights, after new weights were copied into
 # src/beamsearch/models/g2p_cmudict/ (training/README.md, "Shipping new weights"). Run from the repository root:
 #
-#     bash training/rederive.sh [OUT_DIR]      # default runs/rederive; one thread each, about 20 minutes
+#     bash training/rederive.sh [OUT_DIR]      # default runs/rederive; one thread each, about 6 minutes here
 #
 # Writes OUT_DIR/*.md (the eval tables), OUT_DIR/make_run.txt (the README's block), docs/search_errors.png, and
 # prints the agreement counts between the native, lean and int8 steps on the 2,000 test words.
@@ -26,7 +26,7 @@ for beams in 1 5; do
   BEAMSEARCH_NATIVE=0 run $B decode "$OUT/words.txt" --num-beams $beams --threads 1 --int8 > "$OUT/int8eager_$beams.txt"
 done
 run $B eval --search-errors --plot docs/search_errors.png --threads 1 > "$OUT/search_errors.md"
-same() { paste "$1" "$2" | awk -F'\t' '$1 == $2' | wc -l; }
+same() { awk 'NR == FNR { line[FNR] = $0; next } line[FNR] == $0' "$1" "$2" | wc -l; }  # whole lines (they hold tabs)
 for beams in 1 5; do
   echo "beams $beams, words whose best output equals the float32 lean step's (of 2000):" \
     "native $(same "$OUT/native_$beams.txt" "$OUT/lean_$beams.txt")," \
