@@ -4,7 +4,9 @@
     .venv/bin/beamsearch eval --model runs/g2p_stage6/cands/best --data src/beamsearch/data/cmudict/dev.tsv --beams 1 5
 
 Candidates: ``best`` (``best.pt``, the best greedy dev WER during training), ``last`` (``ckpt_last.pt``) and, for each
-``--average N``, ``avgN``: the mean of the weights of the last N snapshots in ``run/snap`` (``snap_checkpoints.sh``).
+``--average N``, ``avgN``: the mean of the weights of the last N snapshots in ``run/snap`` (``snap_checkpoints.sh``);
+with ``--soup OTHER_RUN ...``, ``soup``: the mean of the best checkpoints of this run and the other runs (a "model
+soup": runs warm-started from one model, so their weights lie in one basin; all must have this run's shape).
 Each directory holds the weights in float16 and a ``config.json`` from the checkpoint's own configuration (so a grown
 model keeps its depth) that loads as float32, with the shipped model's tokenizer and generation config (its loop
 guard and source-tied length limit), so ``beamsearch eval`` scores each as the shipped model would be scored.
@@ -32,6 +34,10 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def shapes(state: dict) -> dict:
+    return {name: tuple(w.shape) for name, w in state.items()}
+
+
 def write(state: dict, config: dict, out: Path) -> None:
     from transformers import T5Config, T5ForConditionalGeneration
 
@@ -51,6 +57,8 @@ def main(argv=None) -> None:
     parser.add_argument("run", type=Path, help="a train_g2p.py run directory")
     parser.add_argument("out", type=Path, help="where the candidate directories go")
     parser.add_argument("--average", type=int, nargs="*", default=[], help="also the mean of the last N snapshots")
+    parser.add_argument("--soup", type=Path, nargs="+", default=[],
+                        help="also the mean of the best checkpoints of this run and these runs")
     args = parser.parse_args(argv)
     best = load(args.run / "best.pt")
     candidates = {"best": best["model"], "last": load(args.run / "ckpt_last.pt")["model"]}
@@ -61,6 +69,14 @@ def main(argv=None) -> None:
         states = [load(path) for path in snaps[-n:]]
         candidates[f"avg{n}"] = mean_weights(states)
         print(f"avg{n}: the mean of steps {[s['state']['step'] for s in states]}")
+    if args.soup:
+        others = [load(run / "best.pt") for run in args.soup]
+        for run, other in zip(args.soup, others, strict=True):
+            if shapes(other["model"]) != shapes(best["model"]):
+                parser.error(f"--soup {run}: its weights' names or shapes differ from {args.run}'s; "
+                             "only models of one shape can be averaged")
+        candidates["soup"] = mean_weights([best, *others])
+        print(f"soup: the mean of the best checkpoints of {[str(r) for r in (args.run, *args.soup)]}")
     for name, state in candidates.items():
         write(state, best["config"], args.out / name)
         print(f"{name} -> {args.out / name}")
