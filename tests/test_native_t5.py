@@ -327,3 +327,21 @@ def test_the_build_key_names_the_cpu_and_torch(monkeypatch):
     assert extension.build_key() != key
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     assert extension.build_key() != key
+
+
+def test_two_installs_of_the_same_sources_build_in_two_folders(tmp_path, monkeypatch):
+    """The build file names the sources by path: a second checkout or virtual environment of the same sources gets its
+    own folder, not one that each rebuilds for the other (a rebuild in every new process, and one inside a process
+    whose file size is limited fails)."""
+    key, compiled = extension.build_key(), extension.COMPILED
+    copies = []
+    for path in extension.SOURCES:
+        copy = tmp_path / path.relative_to(extension.HERE)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(path.read_bytes())
+        copies.append(copy)
+    monkeypatch.setattr(extension, "SOURCES", tuple(copies))
+    monkeypatch.setattr(extension, "COMPILED", tuple(copies[: len(extension.COMPILED)]))
+    assert extension.build_key() != key
+    monkeypatch.setattr(extension, "COMPILED", compiled)
+    assert extension.build_key() == key  # the same contents at the same place: the same folder

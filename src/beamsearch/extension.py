@@ -2,10 +2,11 @@
 bookkeeping (``strategies/native_search.cpp``), one module built at first use.
 
 - **Built at first use.** ``torch.utils.cpp_extension.load`` compiles the sources once (about 35-60 s) into a
-  cache keyed by the sources, torch, Python, the compiler flags and the CPU (the code is built for the CPU it runs
-  on, ``-march=native``, so a binary is never loaded on another CPU or torch): ``$BEAMSEARCH_NATIVE_CACHE``, else
-  ``$XDG_CACHE_HOME/beamsearch/native``, else ``~/.cache/beamsearch/native``. Later processes load it in a fraction
-  of a second. Where no compiler is available or the build fails, one warning says so and the eager paths run.
+  cache keyed by the sources and where they are, torch, Python, the compiler flags and the CPU (the code is built
+  for the CPU it runs on, ``-march=native``, so a binary is never loaded on another CPU or torch):
+  ``$BEAMSEARCH_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/beamsearch/native``, else ``~/.cache/beamsearch/native``.
+  Later processes load it in a fraction of a second. Where no compiler is available or the build fails, one warning
+  says so and the eager paths run.
 - **Turned off** by ``BEAMSEARCH_NATIVE=0`` (then the eager fast step and the Python search run);
   ``BEAMSEARCH_NATIVE_SEARCH=0`` turns off only the search's bookkeeping (the Python search, the native T5 step).
 """
@@ -101,8 +102,12 @@ def cache_root() -> Path:
 
 def build_key() -> str:
     """A name for one build: the sources, torch and Python, the compiler and flags, and the CPU (the code is built
-    for the CPU it runs on, so that a cache shared between machines never loads one CPU's binary on another)."""
-    parts = [*(path.read_bytes().decode() for path in SOURCES), torch.__version__, str(torch.version.git_version),
+    for the CPU it runs on, so that a cache shared between machines never loads one CPU's binary on another).
+
+    The sources' folder is part of it: the build file names the sources by path, so two installs (two checkouts,
+    two virtual environments) sharing one folder would each rebuild the other's build, in every new process."""
+    parts = [*(path.read_bytes().decode() for path in SOURCES), *(str(path.resolve()) for path in COMPILED),
+             torch.__version__, str(torch.version.git_version),
              sys.version, platform.machine(), platform.system(), _cpu(), " ".join(FLAGS), os.environ.get("CXX", "c++")]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
