@@ -556,7 +556,8 @@ def train(a) -> None:
 LOG_DIR = Path(__file__).resolve().parent / "logs"
 # The shipped model's earlier stages, oldest first: their dev curves are kept in training/logs/, and a run that
 # warm-starts from the shipped model (--init-from) prepends them to its model card's curve.
-PREVIOUS_STAGES = [LOG_DIR / f"g2p_stage{n}.tsv" for n in (1, 2, 3, 4, 5, 6, 7)]
+PREVIOUS_STAGES = [*(LOG_DIR / f"g2p_stage{n}.tsv" for n in (1, 2, 3, 4, 5, 6, 7)),
+                   LOG_DIR / "g2p_stage9a.tsv"]  # shipped stage 8 is README.md's run 9a (its stage 8 was not shipped)
 STAGES_NOTE = """Trained in {count} stages. Stage 1 trained from random initialisation (seed 1234, peak learning
 rate 0.0015, 1000 warmup steps, cosine decay over 15000 steps) for 103 minutes, reaching a dev WER of 35.20% (the
 model shipped in commit c15c488). Each later stage warm-started from the model shipped before it (`--init-from`,
@@ -568,7 +569,9 @@ stage 4 (seed 1237, peak 0.0005, 132 minutes) with 28.00% (commit 44e2984; test 
 beam 5 with the shipped generation config); stage 6 (seed 1241, peak 0.0004, 132 minutes on one CPU thread, bfloat16
 autocast) with 25.90% (shipped 2026-11-28; test WER 28.10% at beam 5); stage 7 (seed 1243, peak 0.0005, its
 feed-forward blocks grown from 768 to 1536 units, 132 minutes on one CPU thread, bfloat16 autocast) with 25.40%
-(shipped 2026-11-28; test WER 27.65% at beam 5). Stage {count} is described here.
+(shipped 2026-11-28; test WER 27.65% at beam 5); stage 8 (seed 1247, peak 0.0003, label smoothing off, 93 minutes
+on one CPU thread, bfloat16 autocast; training/README.md's run 9a) with 24.20% (shipped 2026-11-29; test WER 26.00%
+at beam 5). Stage {count} is described here.
 
 """
 
