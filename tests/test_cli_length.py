@@ -90,30 +90,36 @@ def test_the_summary_counts_the_outputs_cut_at_the_source_tied_limit(config, tmp
 def test_every_format_marks_and_ranks_an_output_ended_at_the_source_tied_limit(tmp_path, capsys):
     """jsonl marks each hypothesis the limit ended; --unfinished last ranks them after those that ended by
     themselves, --unfinished keep leaves the search's order; text marks a best output the limit ended. A limit of
-    0*source+4 (5 tokens with the EOS) gives "search" an n-best list with both kinds, and "hello" (HH AH L OW)
-    none that ends before it."""
-    def run(word: str, b: int, *flags: str) -> str:
+    0*source+4 (5 tokens with the EOS) gives short words n-best lists with both kinds (with the stage-9 weights,
+    "church", "light" and "beam" rank a cut hypothesis before one that ended), and "hello" (HH AH L OW) none that
+    ends before it."""
+    def run(words: list[str], b: int, *flags: str) -> str:
         path = tmp_path / "in.txt"
-        path.write_text(word + "\n", encoding="utf-8")
+        path.write_text("".join(w + "\n" for w in words), encoding="utf-8")
         assert main(["decode", str(path), "-q", "--num-beams", "8", "--num-return-sequences", "8", "--max-len-a",
                      "0", "--max-len-b", str(b), *flags]) == 0
         return capsys.readouterr().out
 
+    words = ["search", "church", "light", "beam"]
     orders = {}
     for unfinished in ("keep", "last"):
-        [record] = [json.loads(line) for line in run("search", 4, "--format", "jsonl", "--unfinished", unfinished)
-                    .splitlines()]
-        hyps = record["hypotheses"]
-        assert all((h["finish_reason"] == "source_length_limit") == (len(h["tokens"]) == 5) for h in hyps)
-        orders[unfinished] = [(h["text"], h["finish_reason"]) for h in hyps]
-    kept = orders["keep"]
-    assert {r for _, r in kept} == {"eos", "source_length_limit"}  # the case needs both kinds
-    assert orders["last"] != kept  # and one cut hypothesis ranked before one that ended
-    assert orders["last"] == [h for h in kept if h[1] == "eos"] + [h for h in kept if h[1] != "eos"]
-    [best, *_] = run("hello", 2, "--format", "tsv").splitlines()
+        records = [json.loads(line) for line in run(words, 4, "--format", "jsonl", "--unfinished", unfinished)
+                   .splitlines()]
+        assert [r["input"] for r in records] == words
+        orders[unfinished] = []
+        for record in records:
+            hyps = record["hypotheses"]
+            assert all((h["finish_reason"] == "source_length_limit") == (len(h["tokens"]) == 5) for h in hyps)
+            orders[unfinished].append([(h["text"], h["finish_reason"]) for h in hyps])
+    interleaved = 0
+    for kept, last in zip(orders["keep"], orders["last"], strict=True):
+        assert last == [h for h in kept if h[1] == "eos"] + [h for h in kept if h[1] != "eos"]
+        interleaved += last != kept  # a cut hypothesis ranked before one that ended
+    assert interleaved >= 1  # the case needs both kinds in one list, out of order
+    [best, *_] = run(["hello"], 2, "--format", "tsv").splitlines()
     text = best.split("\t")[4]
     assert best.endswith("\tsource_length_limit") and len(text.split()) == 2
-    assert run("hello", 2) == f"{text}\t[unfinished: source_length_limit]\n"
+    assert run(["hello"], 2) == f"{text}\t[unfinished: source_length_limit]\n"
 
 
 def test_no_summary_when_nothing_is_cut_or_with_quiet(tmp_path, capsys):

@@ -557,7 +557,8 @@ LOG_DIR = Path(__file__).resolve().parent / "logs"
 # The shipped model's earlier stages, oldest first: their dev curves are kept in training/logs/, and a run that
 # warm-starts from the shipped model (--init-from) prepends them to its model card's curve.
 PREVIOUS_STAGES = [*(LOG_DIR / f"g2p_stage{n}.tsv" for n in (1, 2, 3, 4, 5, 6, 7)),
-                   LOG_DIR / "g2p_stage9a.tsv"]  # shipped stage 8 is README.md's run 9a (its stage 8 was not shipped)
+                   LOG_DIR / "g2p_stage9a.tsv",  # shipped stage 8 is README.md's run 9a (its stage 8 was not shipped)
+                   LOG_DIR / "g2p_stage12a_swa.tsv"]  # shipped stage 9 is README.md's run 12a
 STAGES_NOTE = """Trained in {count} stages. Stage 1 trained from random initialisation (seed 1234, peak learning
 rate 0.0015, 1000 warmup steps, cosine decay over 15000 steps) for 103 minutes, reaching a dev WER of 35.20% (the
 model shipped in commit c15c488). Each later stage warm-started from the model shipped before it (`--init-from`,
@@ -571,7 +572,9 @@ autocast) with 25.90% (shipped 2026-11-28; test WER 28.10% at beam 5); stage 7 (
 feed-forward blocks grown from 768 to 1536 units, 132 minutes on one CPU thread, bfloat16 autocast) with 25.40%
 (shipped 2026-11-28; test WER 27.65% at beam 5); stage 8 (seed 1247, peak 0.0003, label smoothing off, 93 minutes
 on one CPU thread, bfloat16 autocast; training/README.md's run 9a) with 24.20% (shipped 2026-11-29; test WER 26.00%
-at beam 5). Stage {count} is described here.
+at beam 5); stage 9 (seed 1253, a constant 0.0002 after warmup, label smoothing off, 87 minutes on one CPU thread,
+bfloat16 autocast, the mean of its 30 snapshots; training/README.md's run 12a) with 24.30% (shipped 2026-11-29; test
+WER 25.25% at beam 5). Stage {count} is described here.
 
 """
 
@@ -626,11 +629,10 @@ No word was dropped. The test and dev lists are `src/beamsearch/data/cmudict/tes
 
 {stages}`training/train_g2p.py` (seed {seed}): one (word, pronunciation) pair per training example, length-bucketed
 batches of {batch_size}, AdamW (betas 0.9/0.98, weight decay {weight_decay}), peak learning rate {lr} with
-{warmup} warmup steps and cosine decay to {min_lr_ratio}x over {decay_over}, label smoothing
+{warmup} warmup steps and {schedule}, label smoothing
 {label_smoothing}, gradient clipping {clip}. {hardware}
-Trained for {train_min:.0f} minutes ({steps} steps, {epochs} epochs); the exported weights are the checkpoint with
-the best dev WER (stress removed): step {best_step}, epoch {best_epoch}, after {best_min:.0f} minutes.
-{averaged}
+Trained for {train_min:.0f} minutes ({steps} steps, {epochs} epochs); the checkpoint with the best dev WER (stress
+removed) is step {best_step}, epoch {best_epoch}, after {best_min:.0f} minutes. {averaged}
 
 Learning curve (dev set, greedy decoding; WER with stress digits removed, WER with stress, PER with stress):
 
@@ -650,6 +652,14 @@ closest reference divided by that reference's length (with stress).
 For reference (different splits, larger models): Sequitur G2P 24.5% WER, a Transformer G2P 22.1% WER on CMUdict.
 Reproduce: `.venv/bin/python training/eval_g2p.py src/beamsearch/models/g2p_cmudict`.
 """
+
+
+def schedule_words(saved: dict) -> str:
+    """The learning-rate schedule after warmup, for the model card."""
+    if saved["min_lr_ratio"] >= 1:
+        return "a constant rate after them (`--min-lr-ratio 1`)"
+    over = f"{saved['hours'] * 60:.0f} minutes" if saved.get("time_schedule") else f"{saved['total_steps']} steps"
+    return f"cosine decay to {saved['min_lr_ratio']}x over {over}"
 
 
 def mean_weights(checkpoints: list[dict]) -> dict:
@@ -675,10 +685,9 @@ def choose_average(model, ck: dict, tok, split, paths: list[Path]) -> str:
     log(f"average of steps {steps}: dev WER {s.wer:.2f} (stress {s.wer_stress:.2f}) PER {s.per:.2f}; best {best}")
     if (s.wer, s.wer_stress, s.per) < (best["dev_wer"], best["dev_wer_stress"], best["dev_per"]):
         return (
-            f"Instead, the exported weights are the average of {len(states)} checkpoints "
-            f"(steps {', '.join(map(str, steps))}), "
-            f"dev WER {s.wer:.2f}% (stress {s.wer_stress:.2f}%, PER {s.per:.2f}%) against {best['dev_wer']:.2f}% "
-            "for the best single checkpoint."
+            f"The exported weights are not that checkpoint but the mean of the last {len(states)} snapshots "
+            f"(steps {', '.join(map(str, steps))}): dev WER {s.wer:.2f}% (stress {s.wer_stress:.2f}%, "
+            f"PER {s.per:.2f}%) against {best['dev_wer']:.2f}% for the best single checkpoint."
         )
     model.load_state_dict(ck["model"])
     return ""
@@ -700,9 +709,10 @@ def export(a) -> None:
     config = T5Config.from_dict(ck["config"])
     model = T5ForConditionalGeneration(config)
     model.load_state_dict(ck["model"])
-    averaged = ""
+    averaged = "It is the exported one."
     if a.average > 1:
-        averaged = choose_average(model, ck, tok, split, sorted((run_dir / "snap").glob("ckpt_*.pt"))[-a.average :])
+        snaps = sorted((run_dir / "snap").glob("ckpt_*.pt"))[-a.average :]
+        averaged = choose_average(model, ck, tok, split, snaps) or averaged
     template = make_model(argparse.Namespace(**{**vars(a), **saved}), len(tok))
     model.generation_config = template.generation_config
     model.eval()
@@ -774,9 +784,7 @@ def export(a) -> None:
         results=res_rows,
         stages=stages,
         averaged=averaged,
-        decay_over=(
-            f"{saved['hours'] * 60:.0f} minutes" if saved.get("time_schedule") else f"{saved['total_steps']} steps"
-        ),
+        schedule=schedule_words(saved),
         hardware=(
             f"One {saved['gpu']} GPU" if saved.get("gpu") else "One CPU thread (`torch.set_num_threads(1)`)"
         ) + (", bfloat16 autocast for the forward products." if saved.get("bf16")
