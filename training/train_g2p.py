@@ -68,6 +68,7 @@ RUN_KEYS = [
     "grow",
     "time_schedule",
     "bf16",
+    "extra_pairs",
 ]
 
 
@@ -334,13 +335,32 @@ def log(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), msg, flush=True)
 
 
+def read_extra_pairs(path: Path, split, chars: Sequence[str], phones: Sequence[str]) -> list[tuple[str, str]]:
+    """``word<TAB>phones[<TAB>...]`` lines (``pseudo_labels.py``'s output): pairs for words in no part of the split,
+    in the split's alphabet."""
+    known = {w for part in (split.train, split.dev, split.test) for w, _ in part}
+    char_set, phone_set = set(chars), set(phones)
+    pairs = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        word, pron = line.split("\t")[:2]
+        if word in known:
+            raise ValueError(f"{path}:{n}: {word!r} is a CMUdict word; extra pairs must come from outside the split")
+        if not set(word) <= char_set or not pron or not set(pron.split(" ")) <= phone_set:
+            raise ValueError(f"{path}:{n}: {line!r} has a character or phone the model does not know")
+        pairs.append((word, pron))
+    return pairs
+
+
 def prepare(a):
+    """The split, the tokenizer, and the encoded training pairs: CMUdict's, then any ``--extra-pairs``."""
     split = make_split()
     chars, phones = alphabet(split.train + split.dev + split.test)
     train_chars, train_phones = alphabet(split.train)
     assert train_chars == chars and train_phones == phones, "dev/test symbols missing from train"
     tok = build_tokenizer(chars, phones)
     pairs = training_pairs(split.train)
+    if getattr(a, "extra_pairs", ""):
+        pairs += read_extra_pairs(a.extra_pairs, split, chars, phones)
     check_tokenizer(tok, pairs[:: max(1, len(pairs) // 3000)] + [("hello", "HH AH0 L OW1")])
     data = encode_pairs(tok, pairs)
     return split, tok, data
@@ -623,7 +643,7 @@ CMU Pronouncing Dictionary via `cmudict.dict()` (cmudict package; data license i
 which must stay with these files): 126,052 words, 135,164 distinct pronunciations. Split by word with a fixed
 seed (`training/g2p_data.py`, seed {split_seed}): 2,000 test words, 1,000 dev words, the rest ({n_train_words:,}
 words, {n_train_pairs:,} word/pronunciation pairs) for training, so the variants of a word never cross the split.
-No word was dropped. The test and dev lists are `src/beamsearch/data/cmudict/test.tsv` and `dev.tsv` in the repository.
+No word was dropped. The test and dev lists are `src/beamsearch/data/cmudict/test.tsv` and `dev.tsv` in the repository.{extra}
 
 ## Training
 
@@ -652,6 +672,19 @@ closest reference divided by that reference's length (with stress).
 For reference (different splits, larger models): Sequitur G2P 24.5% WER, a Transformer G2P 22.1% WER on CMUdict.
 Reproduce: `.venv/bin/python training/eval_g2p.py src/beamsearch/models/g2p_cmudict`.
 """
+
+
+def extra_pairs_words(saved: dict, split, tok) -> str:
+    """The model card's sentence on ``--extra-pairs``, if the run had them."""
+    if not saved.get("extra_pairs"):
+        return ""
+    chars, phones = alphabet(split.train + split.dev + split.test)
+    n = len(read_extra_pairs(saved["extra_pairs"], split, chars, phones))
+    return (
+        f"\nThe last stage also trained on {n:,} pseudo-labelled pairs (`--extra-pairs`, `training/pseudo_labels.py`):"
+        " English words from the `wordfreq` package's list that are in no part of CMUdict (so none of dev or test),"
+        " pronounced by the model that stage started from, kept where its output was likely."
+    )
 
 
 def schedule_words(saved: dict) -> str:
@@ -774,6 +807,7 @@ def export(a) -> None:
         split_seed=SPLIT_SEED,
         n_train_words=len(split.train),
         n_train_pairs=len(data),
+        extra=extra_pairs_words(saved, split, tok),
         train_min=last["elapsed"] / 60,
         steps=last["step"],
         epochs=f"{last['epoch'] + last['batch_in_epoch'] / math.ceil(len(data) / saved['batch_size']):.1f}",
@@ -834,6 +868,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--init-from", default="", help="warm start from an exported model directory")
+    ap.add_argument("--extra-pairs", default="",
+                    help="train also on these pairs (word<TAB>phones lines, e.g. pseudo_labels.py's), after CMUdict's")
     ap.add_argument("--grow", action="store_true",
                     help="with --init-from: the model may be deeper or have a larger d_ff than the saved one; extra "
                          "layers and units start with zero output weights, so training starts from the saved model's "
