@@ -76,7 +76,7 @@ def decode(words: Sequence[str], model: Path, beams: int, threads: int, work: Pa
     if len(rows) != len(words):
         raise RuntimeError(f"{out}: {len(rows)} records for {len(words)} words")
     result = []
-    for w, r in zip(words, rows):
+    for w, r in zip(words, rows, strict=True):
         if r["input"] != w:
             raise RuntimeError(f"{out}: record {r['index']} is {r['input']!r}, expected {w!r}")
         best = r["hypotheses"][0]
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     known = set(load_cmudict())
     words = unlabelled(wordfreq_words(), known, a.top)
     decoded = decode(words, a.model, a.beams, a.threads, a.out.parent)
-    kept = [(w, phones, p) for w, (phones, p) in zip(words, decoded) if p >= a.min_prob and phones]
+    kept = [(w, phones, p) for w, (phones, p) in zip(words, decoded, strict=True) if p >= a.min_prob and phones]
     a.out.write_text("".join(f"{w}\t{ph}\t{p:.4f}\n" for w, ph, p in kept), encoding="utf-8")
     print(f"{len(words):,} unlabelled words decoded, {len(kept):,} kept (probability >= {a.min_prob}) -> {a.out}")
 

