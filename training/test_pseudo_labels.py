@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from g2p_data import Split  # noqa: E402
 from pseudo_labels import unlabelled  # noqa: E402
-from train_g2p import read_extra_pairs  # noqa: E402
+from train_g2p import extra_pairs_words, read_extra_pairs  # noqa: E402
 
 SPLIT = Split(
     train=[("cat", [["K", "AE1", "T"]])],
@@ -43,6 +43,18 @@ def test_a_cmudict_word_among_extra_pairs_is_refused_by_name(tmp_path, word):
     path.write_text(f"cod\tK AO1 D\n{word}\tK AE1 T\n")
     with pytest.raises(ValueError, match=rf"pairs.tsv:2: '{word}' is a CMUdict word"):
         read_extra_pairs(path, SPLIT, CHARS, PHONES)
+
+
+def test_a_line_without_a_tab_is_refused_by_its_number(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("cod\tK AO1 D\ntoad T AO1 D\n")
+    with pytest.raises(ValueError, match="pairs.tsv:2: 'toad T AO1 D' is not word<TAB>phones"):
+        read_extra_pairs(path, SPLIT, CHARS, PHONES)
+
+
+def test_the_model_card_names_extra_pairs_only_when_a_run_had_them():
+    assert extra_pairs_words(0) == ""
+    assert "67,739 pseudo-labelled pairs" in extra_pairs_words(67_739)
 
 
 @pytest.mark.parametrize("line", ["coz\tK AO1 Z", "cod\tK AO2 D", "cod\t"])

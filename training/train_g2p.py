@@ -342,7 +342,10 @@ def read_extra_pairs(path: Path, split, chars: Sequence[str], phones: Sequence[s
     char_set, phone_set = set(chars), set(phones)
     pairs = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        word, pron = line.split("\t")[:2]
+        fields = line.split("\t")
+        if len(fields) < 2:
+            raise ValueError(f"{path}:{n}: {line!r} is not word<TAB>phones")
+        word, pron = fields[:2]
         if word in known:
             raise ValueError(f"{path}:{n}: {word!r} is a CMUdict word; extra pairs must come from outside the split")
         if not set(word) <= char_set or not pron or not set(pron.split(" ")) <= phone_set:
@@ -675,12 +678,10 @@ Reproduce: `.venv/bin/python training/eval_g2p.py src/beamsearch/models/g2p_cmud
 """
 
 
-def extra_pairs_words(saved: dict, split, tok) -> str:
-    """The model card's sentence on ``--extra-pairs``, if the run had them."""
-    if not saved.get("extra_pairs"):
+def extra_pairs_words(n: int) -> str:
+    """The model card's sentence on ``--extra-pairs``, if the run had any."""
+    if not n:
         return ""
-    chars, phones = alphabet(split.train + split.dev + split.test)
-    n = len(read_extra_pairs(saved["extra_pairs"], split, chars, phones))
     return (
         f"\nThe last stage also trained on {n:,} pseudo-labelled pairs (`--extra-pairs`, `training/pseudo_labels.py`):"
         " English words from the `wordfreq` package's list that are in no part of CMUdict (so none of dev or test),"
@@ -738,7 +739,9 @@ def export(a) -> None:
     ck = torch.load(run_dir / "best.pt", map_location="cpu", weights_only=False)
     saved = json.loads((run_dir / "args.json").read_text())
     last = torch.load(run_dir / "ckpt_last.pt", map_location="cpu", weights_only=False)["state"]
-    split, tok, data = prepare(a)
+    # the run's own pairs (with its --extra-pairs, if any), so the card's epoch count is the run's
+    split, tok, data = prepare(argparse.Namespace(extra_pairs=saved.get("extra_pairs", "")))
+    n_cmudict_pairs = len(training_pairs(split.train))
 
     config = T5Config.from_dict(ck["config"])
     model = T5ForConditionalGeneration(config)
@@ -807,8 +810,8 @@ def export(a) -> None:
         n_phones=len(tok) - len(SPECIALS) - len(chars),
         split_seed=SPLIT_SEED,
         n_train_words=len(split.train),
-        n_train_pairs=len(data),
-        extra=extra_pairs_words(saved, split, tok),
+        n_train_pairs=n_cmudict_pairs,
+        extra=extra_pairs_words(len(data) - n_cmudict_pairs),
         train_min=last["elapsed"] / 60,
         steps=last["step"],
         epochs=f"{last['epoch'] + last['batch_in_epoch'] / math.ceil(len(data) / saved['batch_size']):.1f}",
@@ -876,6 +879,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "layers and units start with zero output weights, so training starts from the saved model's "
                          "function")
     a = ap.parse_args(argv)
+    if a.extra_pairs:
+        a.extra_pairs = str(Path(a.extra_pairs).resolve())  # stored in args.json: an export may run from elsewhere
     if a.grow and not a.init_from:
         ap.error("--grow needs --init-from")
     if a.export:
