@@ -354,16 +354,16 @@ def read_extra_pairs(path: Path, split, chars: Sequence[str], phones: Sequence[s
     return pairs
 
 
-def prepare(a):
-    """The split, the tokenizer, and the encoded training pairs: CMUdict's, then any ``--extra-pairs``."""
+def prepare(extra_pairs: str = ""):
+    """The split, the tokenizer, and the encoded training pairs: CMUdict's, then those of ``extra_pairs`` (a path)."""
     split = make_split()
     chars, phones = alphabet(split.train + split.dev + split.test)
     train_chars, train_phones = alphabet(split.train)
     assert train_chars == chars and train_phones == phones, "dev/test symbols missing from train"
     tok = build_tokenizer(chars, phones)
     pairs = training_pairs(split.train)
-    if getattr(a, "extra_pairs", ""):
-        pairs += read_extra_pairs(a.extra_pairs, split, chars, phones)
+    if extra_pairs:
+        pairs += read_extra_pairs(extra_pairs, split, chars, phones)
     check_tokenizer(tok, pairs[:: max(1, len(pairs) // 3000)] + [("hello", "HH AH0 L OW1")])
     data = encode_pairs(tok, pairs)
     return split, tok, data
@@ -388,7 +388,7 @@ def train(a) -> None:
         for k in RUN_KEYS:
             setattr(a, k, saved.get(k, getattr(a, k)))
 
-    split, tok, data = prepare(a)
+    split, tok, data = prepare(a.extra_pairs)
     lengths = [len(s) + len(t) for s, t in data]
     model = make_model(a, len(tok))
     if a.init_from and not resume:
@@ -740,7 +740,7 @@ def export(a) -> None:
     saved = json.loads((run_dir / "args.json").read_text())
     last = torch.load(run_dir / "ckpt_last.pt", map_location="cpu", weights_only=False)["state"]
     # the run's own pairs (with its --extra-pairs, if any), so the card's epoch count is the run's
-    split, tok, data = prepare(argparse.Namespace(extra_pairs=saved.get("extra_pairs", "")))
+    split, tok, data = prepare(saved.get("extra_pairs", ""))
     n_cmudict_pairs = len(training_pairs(split.train))
 
     config = T5Config.from_dict(ck["config"])
