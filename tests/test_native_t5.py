@@ -348,3 +348,47 @@ def test_two_installs_of_the_same_sources_build_in_two_folders(tmp_path, monkeyp
     assert extension.build_key() != key
     monkeypatch.setattr(extension, "COMPILED", compiled)
     assert extension.build_key() == key  # the same contents at the same place: the same folder
+
+
+def test_a_build_stopped_half_way_does_not_make_the_next_load_wait(tmp_path):
+    """torch's ``cpp_extension.load`` leaves its ``lock`` file behind when its process is killed mid-build, and every
+    later load waited for that file forever. Under the kernel's lock (released when its holder dies) the next load
+    removes the leftover and loads: here a copy of the built folder with such a file, loaded by a new process."""
+    if extension.extension() is None:
+        pytest.skip(f"the native extension is not available here ({extension.extension_reason()})")
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    key = extension.build_key()
+    folder = tmp_path / key
+    shutil.copytree(extension.cache_root() / key, folder)  # copy2: the times ninja compares stay as they were
+    (folder / extension.TORCH_LOCK).touch()
+    code = "from beamsearch import extension; print('loaded', extension.extension_reason())"
+    env = {**os.environ, "BEAMSEARCH_NATIVE_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "loaded None"
+    assert not (folder / extension.TORCH_LOCK).exists()
+
+
+def test_one_process_at_a_time_builds_or_loads_a_folder(tmp_path):
+    """Another holder of the folder's lock (another process building) makes a load wait until it lets go."""
+    fcntl = pytest.importorskip("fcntl")
+    import threading
+
+    entered = threading.Event()
+
+    def load():
+        with extension._build_lock(tmp_path):
+            entered.set()
+
+    with open(tmp_path / "build.flock", "a") as other:  # its own open file: flock conflicts as another process's
+        fcntl.flock(other, fcntl.LOCK_EX)
+        thread = threading.Thread(target=load)
+        thread.start()
+        assert not entered.wait(0.5)
+        fcntl.flock(other, fcntl.LOCK_UN)
+    assert entered.wait(30)
+    thread.join()

@@ -6,7 +6,8 @@ bookkeeping (``strategies/native_search.cpp``), one module built at first use.
   for the CPU it runs on, ``-march=native``, so a binary is never loaded on another CPU or torch):
   ``$BEAMSEARCH_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/beamsearch/native``, else ``~/.cache/beamsearch/native``.
   Later processes load it in a fraction of a second. Where no compiler is available or the build fails, one warning
-  says so and the eager paths run.
+  says so and the eager paths run. One process at a time builds or loads a folder, under a lock the kernel releases
+  when its holder dies (``_build_lock``), so a build killed half-way leaves nothing that makes the next one wait.
 - **Turned off** by ``BEAMSEARCH_NATIVE=0`` (then the eager fast step and the Python search run);
   ``BEAMSEARCH_NATIVE_SEARCH=0`` turns off only the search's bookkeeping (the Python search, the native T5 step).
 """
@@ -20,6 +21,8 @@ import platform
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +91,40 @@ def _load() -> Any:
     folder = cache_root() / key
     folder.mkdir(parents=True, exist_ok=True)
     LOG.info("beamsearch: loading the native extension from %s (built there on first use, about 35-60 s)", folder)
-    return cpp_extension.load(name=f"beamsearch_native_{key}", sources=[str(path) for path in COMPILED],
-                              build_directory=str(folder), extra_cflags=list(FLAGS), verbose=False)
+    with _build_lock(folder):
+        return cpp_extension.load(name=f"beamsearch_native_{key}", sources=[str(path) for path in COMPILED],
+                                  build_directory=str(folder), extra_cflags=list(FLAGS), verbose=False)
+
+
+TORCH_LOCK = "lock"  # the file torch's cpp_extension.load creates in the build folder while it builds or loads
+
+
+@contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Hold the build folder for one process: an ``fcntl.flock`` on ``folder/build.flock``, which the kernel
+    releases when the holder exits, however it exits.
+
+    ``cpp_extension.load`` guards the folder with a file of its own (``lock``), created at the start and removed at
+    the end of every build and load; a build killed before it ends (SIGTERM, SIGKILL, a job's time limit) leaves it
+    behind, and every later load then waits for it forever, silently. Under this lock no other process of ours is
+    inside ``load``, so such a file is that leftover: it is removed, with a warning in the log. Where ``fcntl`` is
+    missing (Windows) torch's file alone guards the folder."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(folder / "build.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # waits while another process builds (35-60 s) or loads
+        try:
+            leftover = folder / TORCH_LOCK
+            if leftover.exists():
+                LOG.warning("beamsearch: removing %s, left by a build of the native extension that was stopped "
+                            "before it ended", leftover)
+                leftover.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def cache_root() -> Path:
