@@ -4,7 +4,8 @@
     .venv/bin/beamsearch eval --model runs/g2p_stage6/cands/best --data src/beamsearch/data/cmudict/dev.tsv --beams 1 5
 
 Candidates: ``best`` (``best.pt``, the best greedy dev WER during training), ``last`` (``ckpt_last.pt``) and, for each
-``--average N``, ``avgN``: the mean of the weights of the last N snapshots in ``run/snap`` (``snap_checkpoints.sh``);
+``--average N``, ``avgN``: the mean of the weights of the last N snapshots in ``run/snap`` (``snap_checkpoints.sh``;
+a step copied twice counts once);
 with ``--soup OTHER_RUN ...``, ``soup``: the mean of the best checkpoints of this run and the other runs (a "model
 soup": runs warm-started from one model, so their weights lie in one basin; all must have this run's shape).
 Each directory holds the weights in float16 and a ``config.json`` from the checkpoint's own configuration (so a grown
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_g2p import mean_weights  # noqa: E402
+from train_g2p import mean_weights, snapshots  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parent.parent / "src" / "beamsearch" / "models" / "g2p_cmudict"
 COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "CMUDICT_LICENSE.txt")
@@ -62,7 +63,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     best = load(args.run / "best.pt")
     candidates = {"best": best["model"], "last": load(args.run / "ckpt_last.pt")["model"]}
-    snaps = sorted((args.run / "snap").glob("ckpt_*.pt"))
+    snaps = snapshots(args.run)  # each step once
     for n in args.average:
         if not 2 <= n <= len(snaps):
             parser.error(f"--average {n}: {len(snaps)} snapshots in {args.run / 'snap'}")

@@ -56,3 +56,22 @@ def test_soup_refuses_runs_of_another_shape(tmp_path, capsys):
         candidates.main([str(tmp_path / "a"), str(tmp_path / "out"), "--soup", str(tmp_path / "wide")])
     assert "names or shapes differ" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_a_step_snapshotted_twice_counts_once_in_a_mean(tmp_path):
+    """A run stopped right after a periodic checkpoint saves the same step again, and both copies land in snap/: the
+    mean of the last N snapshots is over N distinct steps."""
+    tiny_run(tmp_path / "run", 1)
+    snap = tmp_path / "run" / "snap"
+    snap.mkdir()
+    weights = {}
+    copies = (("ckpt_100.pt", 1, 1), ("ckpt_200.pt", 2, 2), ("ckpt_218.pt", 2, 2), ("ckpt_300.pt", 3, 3))
+    for name, step, seed in copies:
+        torch.manual_seed(seed)
+        weights[step] = {"encoder.w": torch.randn(4, 4)}
+        torch.save({"model": weights[step], "state": {"step": step}}, snap / name)
+    assert [path.name for path in candidates.snapshots(tmp_path / "run")] == ["ckpt_100.pt", "ckpt_200.pt",
+                                                                              "ckpt_300.pt"]
+    states = [torch.load(path, weights_only=False) for path in candidates.snapshots(tmp_path / "run")[-3:]]
+    expected = (weights[1]["encoder.w"] + weights[2]["encoder.w"] + weights[3]["encoder.w"]) / 3
+    assert torch.allclose(candidates.mean_weights(states)["encoder.w"], expected)

@@ -697,6 +697,19 @@ def schedule_words(saved: dict) -> str:
     return f"cosine decay to {saved['min_lr_ratio']}x over {over}"
 
 
+def snapshots(run_dir: Path) -> list[Path]:
+    """The run's snapshots (``snap/ckpt_*.pt``, named by time) in order, each step once: a run stopped right after a
+    periodic checkpoint writes the same step again at the stop, and ``snap_checkpoints.sh`` copies both (run 15a's
+    step 3,639), which would count those weights twice in a mean."""
+    kept, steps = [], set()
+    for path in sorted((run_dir / "snap").glob("ckpt_*.pt")):
+        step = torch.load(path, map_location="cpu", weights_only=False)["state"]["step"]
+        if step not in steps:
+            steps.add(step)
+            kept.append(path)
+    return kept
+
+
 def mean_weights(checkpoints: list[dict]) -> dict:
     """The mean of the checkpoints' model weights, in float32."""
     return {k: sum(c["model"][k].float() for c in checkpoints) / len(checkpoints) for k in checkpoints[0]["model"]}
@@ -748,7 +761,7 @@ def export(a) -> None:
     model.load_state_dict(ck["model"])
     averaged = "It is the exported one."
     if a.average > 1:
-        snaps = sorted((run_dir / "snap").glob("ckpt_*.pt"))[-a.average :]
+        snaps = snapshots(run_dir)[-a.average :]
         averaged = choose_average(model, ck, tok, split, snaps) or averaged
     template = make_model(argparse.Namespace(**{**vars(a), **saved}), len(tok))
     model.generation_config = template.generation_config
