@@ -703,7 +703,8 @@ def snapshots(run_dir: Path) -> list[Path]:
     step 3,639), which would count those weights twice in a mean."""
     kept, steps = [], set()
     for path in sorted((run_dir / "snap").glob("ckpt_*.pt")):
-        step = torch.load(path, map_location="cpu", weights_only=False)["state"]["step"]
+        # mapped, not read: only the step is needed here, and the callers load the snapshots they average
+        step = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state"]["step"]
         if step not in steps:
             steps.add(step)
             kept.append(path)
